@@ -1,0 +1,42 @@
+"""loopd's runtime: the actors, the model client, tools, the store, the CLI and the test kit.
+
+Embed it with :class:`Runtime`::
+
+    from actors import Config, ModelConfig, Runtime
+    with Runtime.start(Config(home=path, model=ModelConfig(base_url=url, name="local"))) as rt:
+        reply = rt.run_turn("mm-thread", "hello", timeout=120)
+"""
+
+from actors.config import (
+    CompactConfig,
+    Config,
+    ConfigError,
+    LoopConfig,
+    ModelConfig,
+    SlotsConfig,
+)
+from actors.directory import Directory
+from actors.memory import FileMemory, MemoryFailure, MemorySource
+from actors.model import ChatModel, HttpChatModel, ModelFailure
+from actors.port import PortTool, ToolOutput, port_tool
+from actors.runtime import Runtime
+
+__all__ = [
+    "ChatModel",
+    "CompactConfig",
+    "Config",
+    "ConfigError",
+    "Directory",
+    "FileMemory",
+    "HttpChatModel",
+    "LoopConfig",
+    "MemoryFailure",
+    "MemorySource",
+    "ModelConfig",
+    "ModelFailure",
+    "PortTool",
+    "Runtime",
+    "SlotsConfig",
+    "ToolOutput",
+    "port_tool",
+]

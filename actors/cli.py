@@ -1,0 +1,189 @@
+"""The ``loopd`` command line: demo, run, sessions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actors.config import Config, ConfigError
+from actors.render import render_event
+from actors.runtime import Runtime
+from actors.store import DB_NAME, SessionStore, StoreError
+from messages import TurnCompleted, TurnEvent, check_session_id
+
+__all__ = ["build_parser", "main"]
+
+
+def _config(args: argparse.Namespace) -> Config:
+    config = Config.load(args.config) if args.config else Config()
+    if args.home:
+        config = config.replace(home=args.home)
+    model_changes: dict[str, Any] = {}
+    if getattr(args, "base_url", None):
+        model_changes["base_url"] = args.base_url
+    if getattr(args, "model", None):
+        model_changes["name"] = args.model
+    if model_changes:
+        config = config.replace(model=msgspec.structs.replace(config.model, **model_changes))
+    return config
+
+
+def _print_event(event: TurnEvent, stream: Any) -> None:
+    print(render_event(event), file=stream, flush=True)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the scripted three-level demo with the live event tree on stdout."""
+    import tempfile
+
+    from actors.demo import DEMO_SESSION, DEMO_TEXT, demo_script
+    from actors.testing.model import ScriptedModel
+
+    with tempfile.TemporaryDirectory(prefix="loopd-demo-") as scratch:
+        config = Config(home=args.home or scratch)
+        print(f"loopd demo: a scripted model, offline; home {config.home}\n")
+        print(f"you → {DEMO_SESSION}: {DEMO_TEXT}\n")
+        with Runtime.start(config, model=ScriptedModel(demo_script)) as rt:
+            rt.subscribe(lambda event: _print_event(event, sys.stdout))
+            outcome = rt.run_turn(DEMO_SESSION, DEMO_TEXT, timeout=60)
+        print()
+        if isinstance(outcome, TurnCompleted):
+            print(f"{DEMO_SESSION} → you: {outcome.content}")
+            return 0
+        print(f"the demo turn failed: {outcome.reason}: {outcome.detail}", file=sys.stderr)
+        return 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """One turn against a real endpoint: the answer on stdout, events on stderr."""
+    config = _config(args)
+    with Runtime.start(config) as rt:
+        if not args.quiet:
+            rt.subscribe(lambda event: _print_event(event, sys.stderr))
+        outcome = rt.run_turn(args.session, args.text, timeout=args.timeout)
+    if isinstance(outcome, TurnCompleted):
+        print(outcome.content)
+        return 0
+    print(f"loopd: the turn failed: {outcome.reason}: {outcome.detail}", file=sys.stderr)
+    return 1
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    """List stored sessions, or show one."""
+    config = _config(args)
+    path = config.home_path / DB_NAME
+    if not path.exists():
+        print(f"no sessions: {path} does not exist")
+        return 0
+    with SessionStore(path) as store:
+        if args.action == "show":
+            return _show(store, args.id)
+        infos = store.list_sessions()
+        if not infos:
+            print("no sessions")
+            return 0
+        rows = [
+            [
+                i.id,
+                str(i.slot),
+                str(i.turns),
+                "yes" if i.untrusted else "no",
+                str(i.messages),
+                i.updated_at,
+            ]
+            for i in infos
+        ]
+        print(_table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    return 0
+
+
+def _show(store: SessionStore, session: str) -> int:
+    record = store.open(check_session_id(session))
+    children = store.children(session)
+    print(f"session   {record.id}")
+    print(f"slot      {record.slot}")
+    print(f"turns     {record.turns}")
+    print(f"untrusted {'yes' if record.untrusted else 'no'}")
+    print(f"next call {record.next_call_id}")
+    print(f"children  {', '.join(children) if children else '-'}")
+    print()
+    for stored in store.history(session):
+        m = stored.message
+        mark = " (compacted)" if stored.compacted else ""
+        who = m.role + (f" {m.name}" if m.name else "")
+        if m.tool_call_id is not None:
+            who += f" #{m.tool_call_id}"
+        print(f"[{stored.seq}] {who}{mark}")
+        if m.content:
+            for line in m.content.splitlines():
+                print(f"    {line}")
+        for call in m.tool_calls:
+            print(f"    → #{call.id} {call.name}({call.arguments})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``loopd``."""
+    parser = argparse.ArgumentParser(
+        prog="loopd", description="An actor runtime for LLM agent sessions, with subagents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", type=Path, help="a TOML config file")
+        p.add_argument("--home", help="the folder of the session store (overrides config)")
+
+    demo = sub.add_parser("demo", help="a scripted parent, child and grandchild, offline")
+    demo.add_argument("--home", help="keep the demo's store here (default: a temporary folder)")
+    demo.set_defaults(fn=cmd_demo)
+
+    run = sub.add_parser("run", help="one turn against an OpenAI-compatible endpoint")
+    common(run)
+    run.add_argument("--base-url", help="the endpoint, up to /chat/completions")
+    run.add_argument("--model", help="the model name sent with each request")
+    run.add_argument("--session", default="main", help="the session id (default: main)")
+    run.add_argument("--timeout", type=float, default=None, help="seconds to wait for the turn")
+    run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
+    run.add_argument("text", help="what to say")
+    run.set_defaults(fn=cmd_run)
+
+    sessions = sub.add_parser("sessions", help="list stored sessions, or show one")
+    common(sessions)
+    sessions.add_argument("action", nargs="?", choices=["show"], help="show one session")
+    sessions.add_argument("id", nargs="?", help="the session id to show")
+    sessions.set_defaults(fn=cmd_sessions)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``loopd`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "action", None) == "show" and not args.id:
+        parser.error("sessions show needs a session ID")
+    try:
+        code: int = args.fn(args)
+    except (ConfigError, StoreError, ValueError) as exc:
+        print(f"loopd: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

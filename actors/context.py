@@ -1,0 +1,296 @@
+"""The Context actor: holds session ids, starts session actors, spawns children, routes answers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pykka
+
+from actors.config import Config
+from actors.directory import CONTEXT, EVENTS, STORE, Directory, session_address
+from actors.dispatch import ArgumentError, Registry, child_id
+from actors.memory import MemorySource
+from actors.session import SessionActor, SessionEnv
+from actors.spawn import build_baseline, child_summary, child_text
+from messages import (
+    ContextStatus,
+    DenyReason,
+    FailReason,
+    Inspect,
+    OpenSession,
+    RunTurn,
+    SessionCrashed,
+    SessionLoaded,
+    SessionTurnEnded,
+    StartTurn,
+    StoreFailed,
+    SubagentCompleted,
+    SubagentFailed,
+    SubagentFinished,
+    SubagentRequest,
+    SubagentStarted,
+    ToolDone,
+    ToolResult,
+    TurnCompleted,
+    TurnEnded,
+    TurnFailed,
+    denial_message,
+)
+
+__all__ = ["ContextActor", "Hold", "HoldTable"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Hold:
+    """Why a session id is held: a user's turn (answer ``reply_to``), or a child's turn
+    (answer ``parent``'s call ``call_id``)."""
+
+    session: str
+    text: str
+    speaker: str | None = None
+    reply_to: str | None = None
+    parent: str | None = None
+    call_id: int = 0
+
+    @property
+    def is_child(self) -> bool:
+        """True for a subagent's turn."""
+        return self.parent is not None
+
+
+class HoldTable:
+    """Which session ids a turn holds. ``hold`` succeeds only if nobody holds the id."""
+
+    def __init__(self) -> None:
+        self._holds: dict[str, Hold] = {}
+
+    def hold(self, hold: Hold) -> bool:
+        """Hold ``hold.session``; False (BUSY) if it is held already."""
+        if hold.session in self._holds:
+            return False
+        self._holds[hold.session] = hold
+        return True
+
+    def get(self, session: str) -> Hold | None:
+        """The hold on ``session``, if any."""
+        return self._holds.get(session)
+
+    def release(self, session: str) -> Hold | None:
+        """Let ``session`` go; returns the hold it had, if any."""
+        return self._holds.pop(session, None)
+
+    def held(self) -> tuple[str, ...]:
+        """Every held id, sorted."""
+        return tuple(sorted(self._holds))
+
+    def drain(self) -> list[Hold]:
+        """Release everything; returns what was held."""
+        holds, self._holds = list(self._holds.values()), {}
+        return holds
+
+
+class ContextActor(pykka.ThreadingActor):
+    """One per runtime. Owns the configuration, the memory source, the hold table and the table
+    of live session actors; the only actor that starts sessions or spawns children.
+
+    It never waits: opening a session is a request to the store, a turn is a message to the
+    session, and each answer comes back as a message that moves a hold along.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        directory: Directory,
+        registry: Registry,
+        memory: MemorySource,
+        session_env: SessionEnv,
+        clock: Callable[[], datetime],
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.directory = directory
+        self.registry = registry
+        self.memory = memory
+        self.session_env = session_env
+        self.clock = clock
+        self.holds = HoldTable()
+        self.live: dict[str, pykka.ActorRef[Any]] = {}
+
+    def on_start(self) -> None:
+        self.directory.register(CONTEXT, self.actor_ref)
+
+    def on_stop(self) -> None:
+        # Nobody may be left waiting: every held turn is answered CANCELLED.
+        for hold in self.holds.drain():
+            self._answer_failure(hold, FailReason.CANCELLED, "the runtime stopped")
+        self.directory.unregister(CONTEXT, self.actor_ref)
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, StartTurn):
+            self._start_turn(message)
+        elif isinstance(message, SubagentRequest):
+            self._spawn(message)
+        elif isinstance(message, SessionLoaded):
+            self._loaded(message)
+        elif isinstance(message, StoreFailed):
+            self._store_failed(message)
+        elif isinstance(message, SessionTurnEnded):
+            self._turn_ended(message)
+        elif isinstance(message, SessionCrashed):
+            self._crashed(message)
+        elif isinstance(message, Inspect):
+            return ContextStatus(held=self.holds.held(), live=tuple(sorted(self.live)))
+        else:
+            log.warning("context: unexpected message %r", message)
+        return None
+
+    # A user's turn.
+
+    def _start_turn(self, msg: StartTurn) -> None:
+        hold = Hold(msg.session, msg.text, msg.speaker, reply_to=msg.reply_to)
+        if not self.holds.hold(hold):
+            detail = f"session {msg.session} is busy: another turn holds it"
+            self.directory.tell(msg.reply_to, TurnFailed(msg.session, FailReason.BUSY, detail))
+            return
+        self._open(hold, self.config.slots.main)
+
+    # A child's turn (SPEC 5, steps 1 to 4).
+
+    def _spawn(self, msg: SubagentRequest) -> None:
+        try:
+            child = child_id(msg.parent, msg.call_id)
+        except ArgumentError as exc:  # the session checks first; answer all the same
+            text = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
+            reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
+            self.directory.tell(session_address(msg.parent), reply)
+            return
+        cap = self.config.loop.tool_result_cap
+        text = child_text(msg.task, cap, self.clock())
+        hold = Hold(child, text, parent=msg.parent, call_id=msg.call_id)
+        if not self.holds.hold(hold):
+            detail = f"session {child} is held already"
+            self._answer_failure(hold, FailReason.BUSY, detail, turn_began=False)
+            return
+        self._emit(SubagentStarted(session=msg.parent, call_id=msg.call_id, child=child))
+        self._open(hold, self.config.slots.background)
+
+    def _open(self, hold: Hold, slot: int) -> None:
+        live = self.live.get(hold.session)
+        if live is not None:
+            live.tell(self._run_turn(hold))
+            return
+        try:
+            baseline = build_baseline(self.config, self.registry, self.memory.block())
+        except Exception as exc:
+            self.holds.release(hold.session)
+            detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
+            self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
+            return
+        self.directory.tell(STORE, OpenSession(hold.session, baseline, slot, reply_to=CONTEXT))
+
+    @staticmethod
+    def _run_turn(hold: Hold) -> RunTurn:
+        return RunTurn(hold.text, hold.speaker)
+
+    def _loaded(self, msg: SessionLoaded) -> None:
+        session = msg.record.id
+        hold = self.holds.get(session)
+        if hold is None or session in self.live:
+            return  # answered already (the runtime is stopping, say)
+        ref = SessionActor.start(msg.record, self.session_env)
+        self.live[session] = ref
+        ref.tell(self._run_turn(hold))
+
+    def _store_failed(self, msg: StoreFailed) -> None:
+        hold = self.holds.release(msg.session)
+        if hold is not None:
+            self._answer_failure(hold, FailReason.STORE_ERROR, msg.detail)
+
+    # Ends (SPEC 5, steps 6 and 7).
+
+    def _turn_ended(self, msg: SessionTurnEnded) -> None:
+        hold = self.holds.get(msg.session)
+        if hold is None:
+            return
+        if hold.parent is None:
+            self.holds.release(msg.session)
+            self.directory.tell(hold.reply_to, msg.outcome)
+            return
+        try:
+            self.memory.updated(msg.session, msg.turns)
+        except Exception:
+            log.warning("memory.updated failed for %s", msg.session, exc_info=True)
+        # A child runs one turn; its actor goes, its stored session stays.
+        ref = self.live.pop(msg.session, None)
+        if ref is not None:
+            ref.stop(block=False)
+        self.holds.release(msg.session)
+        outcome = msg.outcome
+        if isinstance(outcome, TurnCompleted):
+            summary = child_summary(outcome.content, self.config.compact.summary_chars)
+            reply: SubagentCompleted | SubagentFailed = SubagentCompleted(
+                hold.parent, hold.call_id, msg.session, summary, msg.untrusted
+            )
+            reason = None
+        else:
+            reply = SubagentFailed(
+                hold.parent,
+                hold.call_id,
+                msg.session,
+                outcome.reason,
+                msg.untrusted,
+                outcome.detail,
+            )
+            reason = outcome.reason
+        self.directory.tell(session_address(hold.parent), reply)
+        self._emit(
+            SubagentFinished(
+                session=hold.parent,
+                call_id=hold.call_id,
+                child=msg.session,
+                completed=reason is None,
+                reason=reason,
+            )
+        )
+
+    def _crashed(self, msg: SessionCrashed) -> None:
+        self.live.pop(msg.session, None)
+        hold = self.holds.release(msg.session)
+        if hold is not None:
+            self._answer_failure(hold, FailReason.CRASHED, msg.detail)
+
+    def _answer_failure(
+        self, hold: Hold, reason: FailReason, detail: str, *, turn_began: bool = True
+    ) -> None:
+        """Answer whoever waits on ``hold`` with a failure (the hold is already released).
+
+        A held turn that ends here ends with a ``TurnEnded`` event like any other; a request
+        refused before it held anything (BUSY) has no turn to end.
+        """
+        if turn_began:
+            self._emit(
+                TurnEnded(session=hold.session, completed=False, reason=reason, detail=detail)
+            )
+        if hold.parent is None:
+            self.directory.tell(hold.reply_to, TurnFailed(hold.session, reason, detail))
+            return
+        failed = SubagentFailed(hold.parent, hold.call_id, hold.session, reason, False, detail)
+        self.directory.tell(session_address(hold.parent), failed)
+        self._emit(
+            SubagentFinished(
+                session=hold.parent,
+                call_id=hold.call_id,
+                child=hold.session,
+                completed=False,
+                reason=reason,
+            )
+        )
+
+    def _emit(self, event: Any) -> None:
+        self.directory.tell(EVENTS, event)

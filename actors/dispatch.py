@@ -1,0 +1,225 @@
+"""Tool dispatch: which route a tool call takes, decided by plain functions (SPEC 4 and 5).
+
+Nothing here does I/O or touches an actor. ``dispatch`` turns a call into one of three routes:
+answered here (:class:`Answered`), a child session (:class:`SpawnChild`), or the port
+(:class:`ToPort`). The session actor carries the route out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from messages import DenyReason, ToolSpec, check_session_id, denial_message
+
+__all__ = [
+    "CALL_TOOL",
+    "CLOCK",
+    "RUNBOOK_SUBAGENT_ID",
+    "SUBAGENT",
+    "Answered",
+    "ArgumentError",
+    "Registry",
+    "Route",
+    "SpawnChild",
+    "ToPort",
+    "child_id",
+    "clock_text",
+    "dispatch",
+    "parse_json_object",
+    "parse_subagent_arguments",
+    "unwrap_call_tool",
+]
+
+CLOCK = "clock"
+SUBAGENT = "subagent"
+CALL_TOOL = "call_tool"
+RUNBOOK_SUBAGENT_ID = "see docs/runbook.md#subagent-id"
+
+_NOT_AN_OBJECT = "arguments must be a JSON object"
+
+CLOCK_SPEC = ToolSpec(
+    name=CLOCK,
+    description="The current time, RFC 3339 in UTC to the second (2026-11-29T23:59:01Z).",
+    parameters={"type": "object", "properties": {}, "additionalProperties": False},
+)
+SUBAGENT_SPEC = ToolSpec(
+    name=SUBAGENT,
+    description=(
+        "Run a task in a fresh child session that sees none of this conversation. "
+        "Returns '<child> completed' and the child's answer, or '<child> failed'."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "task": {"type": "string", "description": "Everything the child needs to know."}
+        },
+        "required": ["task"],
+        "additionalProperties": False,
+    },
+)
+CALL_TOOL_SPEC = ToolSpec(
+    name=CALL_TOOL,
+    description="Call the tool `name` with `arguments`, exactly as if it were called directly.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "The tool to call."},
+            "arguments": {"type": "object", "description": "That tool's arguments."},
+        },
+        "required": ["name"],
+        "additionalProperties": False,
+    },
+)
+
+
+class ArgumentError(ValueError):
+    """A tool's arguments are not valid; ``detail`` is the text that goes into the denial."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The call is answered on the spot with ``text``; ``denied`` if it was refused."""
+
+    text: str
+    denied: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnChild:
+    """The call runs ``task`` in a child session."""
+
+    task: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToPort:
+    """The call goes to the port tool ``name`` with ``arguments`` (raw JSON text)."""
+
+    name: str
+    arguments: str
+
+
+Route = Answered | SpawnChild | ToPort
+"""Where one tool call goes."""
+
+
+class Registry:
+    """The tools a session's model is offered: loopd's own, then the port's, by name."""
+
+    BUILTIN = (CLOCK_SPEC, SUBAGENT_SPEC, CALL_TOOL_SPEC)
+
+    def __init__(self, port_tools: Iterable[ToolSpec] = ()) -> None:
+        builtin = {spec.name for spec in self.BUILTIN}
+        port: dict[str, ToolSpec] = {}
+        for spec in port_tools:
+            if spec.name in builtin or spec.name in port:
+                raise ValueError(f"tool name {spec.name!r} is registered twice")
+            port[spec.name] = spec
+        self._port = port
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """Every tool, in a stable order, as it goes into a baseline."""
+        return self.BUILTIN + tuple(self._port[name] for name in sorted(self._port))
+
+    def is_port(self, name: str) -> bool:
+        """True if ``name`` is a port tool."""
+        return name in self._port
+
+
+def parse_json_object(arguments: str) -> dict[str, Any]:
+    """Parse a tool's raw arguments; anything but a JSON object is an :class:`ArgumentError`."""
+    try:
+        value = msgspec.json.decode(arguments)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ArgumentError(_NOT_AN_OBJECT) from exc
+    if not isinstance(value, dict):
+        raise ArgumentError(_NOT_AN_OBJECT)
+    return value
+
+
+def parse_subagent_arguments(arguments: str) -> str:
+    """The ``task`` of a ``subagent`` call, checked in the order SPEC 5 gives."""
+    value = parse_json_object(arguments)
+    for key in value:
+        if key != "task":
+            raise ArgumentError(f"unknown field: {key}")
+    if "task" not in value:
+        raise ArgumentError("task is required")
+    task = value["task"]
+    if not isinstance(task, str):
+        raise ArgumentError("task must be a string")
+    return task
+
+
+def unwrap_call_tool(arguments: str) -> tuple[str, str]:
+    """The inner ``(name, arguments)`` of a ``call_tool`` call.
+
+    The inner arguments come back as JSON text, as a direct call would carry them. A model that
+    sends them already encoded as a string is taken at its word; absent arguments are ``{}``.
+    """
+    value = parse_json_object(arguments)
+    for key in value:
+        if key not in ("name", "arguments"):
+            raise ArgumentError(f"unknown field: {key}")
+    if "name" not in value:
+        raise ArgumentError("name is required")
+    name = value["name"]
+    if not isinstance(name, str):
+        raise ArgumentError("name must be a string")
+    if name == CALL_TOOL:
+        raise ArgumentError("call_tool cannot call call_tool")
+    inner = value.get("arguments", {})
+    text = inner if isinstance(inner, str) else msgspec.json.encode(inner).decode()
+    return name, text
+
+
+def clock_text(now: datetime) -> str:
+    """``now`` as the clock tool gives it: RFC 3339, UTC, whole seconds, ``Z``."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check_clock_arguments(arguments: str) -> None:
+    if arguments.strip():
+        for key in parse_json_object(arguments):
+            raise ArgumentError(f"unknown field: {key}")
+
+
+def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Route:
+    """Decide the route of one tool call (SPEC 4); ``call_tool`` unwraps to the same rules."""
+    try:
+        if name == CALL_TOOL:
+            name, arguments = unwrap_call_tool(arguments)
+        if name == CLOCK:
+            _check_clock_arguments(arguments)
+            return Answered(clock_text(now))
+        if name == SUBAGENT:
+            return SpawnChild(parse_subagent_arguments(arguments))
+    except ArgumentError as exc:
+        return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), denied=True)
+    if registry.is_port(name):
+        return ToPort(name, arguments)
+    return Answered(denial_message(DenyReason.UNKNOWN_TOOL, name), denied=True)
+
+
+def child_id(parent: str, call_id: int) -> str:
+    """The child session id ``sub-<parent>-<call_id>``.
+
+    Raises :class:`ArgumentError` with the operator-facing detail when that text is not a valid
+    session id (too long, in practice); nothing is held or requested then.
+    """
+    raw = f"sub-{parent}-{call_id}"
+    try:
+        return check_session_id(raw)
+    except ValueError:
+        raise ArgumentError(
+            f"child session id `{raw}` would not fit; {RUNBOOK_SUBAGENT_ID}"
+        ) from None

@@ -1,0 +1,63 @@
+"""The event bus: every turn event, children's included, goes to every subscriber."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+
+from messages import TurnEvent
+
+__all__ = ["EventBus", "Subscribers"]
+
+log = logging.getLogger(__name__)
+
+Subscriber = Callable[[TurnEvent], Any]
+
+
+class Subscribers:
+    """A thread-safe list of subscriber functions; the Runtime adds, the bus reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[Subscriber] = []
+
+    def add(self, fn: Subscriber) -> Callable[[], None]:
+        """Add ``fn``; returns a function that removes it again."""
+        with self._lock:
+            self._items.append(fn)
+
+        def remove() -> None:
+            with self._lock:
+                if fn in self._items:
+                    self._items.remove(fn)
+
+        return remove
+
+    def snapshot(self) -> list[Subscriber]:
+        """The subscribers now, as a list that later changes do not touch."""
+        with self._lock:
+            return list(self._items)
+
+
+class EventBus(pykka.ThreadingActor):
+    """Calls every subscriber with each event, in its own thread.
+
+    Sessions tell it events and go on: a slow subscriber delays other subscribers, never a turn.
+    Events from one session arrive in the order that session emitted them. A subscriber that
+    raises is logged and keeps its subscription.
+    """
+
+    def __init__(self, subscribers: Subscribers) -> None:
+        super().__init__()
+        self.subscribers = subscribers
+
+    def on_receive(self, message: Any) -> None:
+        for fn in self.subscribers.snapshot():
+            try:
+                fn(message)
+            except Exception:
+                log.exception("event subscriber %r failed on %s", fn, type(message).__name__)

@@ -1,0 +1,70 @@
+"""Turn events as lines of text, indented by session depth: the live tree of the CLI."""
+
+from __future__ import annotations
+
+from messages import (
+    Compacted,
+    CompactionFailed,
+    ModelAnswered,
+    ModelRequestSent,
+    SubagentFinished,
+    SubagentStarted,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnEnded,
+    TurnEvent,
+    TurnStarted,
+)
+
+__all__ = ["depth", "render_event"]
+
+_PREVIEW = 72
+
+
+def depth(session: str) -> int:
+    """How deep a session sits in the tree: ``sub-sub-x-1-1`` is 2."""
+    n = 0
+    while session.startswith("sub-"):
+        session = session[4:]
+        n += 1
+    return n
+
+
+def _preview(text: str | None) -> str:
+    one_line = " ".join((text or "").split())
+    return one_line if len(one_line) <= _PREVIEW else one_line[: _PREVIEW - 1] + "…"
+
+
+def _describe(event: TurnEvent) -> str:
+    match event:
+        case TurnStarted(slot=slot):
+            return f"turn started on slot {slot}"
+        case ModelRequestSent(step=step, slot=slot):
+            return f"→ model request {step} (slot {slot})"
+        case ModelAnswered(tools=tools, content=content) if tools:
+            return "← model calls " + ", ".join(tools)
+        case ModelAnswered(content=content):
+            return f"← model answers: {_preview(content)}"
+        case ToolCallStarted(call_id=call_id, name=name):
+            return f"  call {call_id} {name} …"
+        case ToolCallFinished(call_id=call_id, name=name, denied=denied):
+            return f"  call {call_id} {name} {'denied' if denied else 'done'}"
+        case SubagentStarted(child=child, call_id=call_id):
+            return f"┬ spawns {child} for call {call_id}"
+        case SubagentFinished(child=child, completed=completed, reason=reason):
+            return f"┴ {child} {'completed' if completed else f'failed ({reason})'}"
+        case TurnEnded(completed=True):
+            return "turn completed"
+        case TurnEnded(reason=reason, detail=detail):
+            return f"turn failed: {reason}" + (f": {detail}" if detail else "")
+        case Compacted(before=before, after=after):
+            return f"compacted {before} → {after} chars"
+        case CompactionFailed(detail=detail):
+            return f"compaction failed: {detail}"
+    return type(event).__name__
+
+
+def render_event(event: TurnEvent) -> str:
+    """One line for ``event``: time, session (indented by depth) and what happened."""
+    indent = "│ " * depth(event.session)
+    return f"{event.at:%H:%M:%S} {indent}{event.session}  {_describe(event)}"

@@ -1,0 +1,232 @@
+"""The Runtime facade: what a supervisor process embeds (SPEC 3)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+import pykka
+
+from actors.config import Config
+from actors.context import ContextActor
+from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
+from actors.dispatch import Registry
+from actors.events import EventBus, Subscribers
+from actors.memory import MemorySource, default_memory
+from actors.model import ChatModel, HttpChatModel, ModelFailure
+from actors.pool import PoolRouter
+from actors.port import PortTool, port_handler
+from actors.session import SessionEnv
+from actors.store import DB_NAME, SessionStore, StoreActor
+from actors.turn import Limits
+from messages import (
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    StartTurn,
+    TurnEvent,
+    TurnOutcome,
+    check_session_id,
+)
+
+__all__ = ["Runtime", "model_handler"]
+
+log = logging.getLogger(__name__)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def model_handler(model: ChatModel) -> Callable[[ModelRequest], ModelReply]:
+    """The model workers' job: one request in, one answer or error out, never an exception."""
+
+    def handle(request: ModelRequest) -> ModelReply:
+        try:
+            return model.complete(request)
+        except ModelFailure as exc:
+            return ModelError(request.session, request.request_id, str(exc))
+        except Exception as exc:
+            log.exception("model client failed")
+            detail = f"the model client failed: {type(exc).__name__}: {exc}"
+            return ModelError(request.session, request.request_id, detail)
+
+    return handle
+
+
+class _Waiter:
+    """A one-shot mailbox for a caller outside the actors (``run_turn``)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._message: Any = None
+
+    def tell(self, message: Any) -> None:
+        if not self._done.is_set():
+            self._message = message
+            self._done.set()
+
+    def wait(self, timeout: float | None) -> Any:
+        if not self._done.wait(timeout):
+            raise TimeoutError
+        return self._message
+
+
+class Runtime:
+    """A started loopd: the Context, the store, the model and port pools, and the event bus.
+
+    Start it with :meth:`start` (or as a context manager), drive it with :meth:`run_turn` or by
+    telling messages to :attr:`context`, watch it with :meth:`subscribe`, end it with
+    :meth:`stop`. Methods of the facade may block; they are for callers outside the actors.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        directory: Directory,
+        subscribers: Subscribers,
+        refs: dict[str, pykka.ActorRef[Any]],
+        model: ChatModel,
+        registry: Registry,
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.registry = registry
+        self.model = model
+        self._subscribers = subscribers
+        self._refs = refs
+        self._stopped = False
+
+    @classmethod
+    def start(
+        cls,
+        config: Config,
+        *,
+        model: ChatModel | None = None,
+        tools: Iterable[PortTool] | None = None,
+        memory: MemorySource | None = None,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> Runtime:
+        """Start every actor of a runtime on ``config``.
+
+        ``model`` replaces the HTTP client (for example with the test kit's ``ScriptedModel``),
+        ``tools`` are the port's tools, ``memory`` replaces the ``home/MEMORY.md`` source, and
+        ``clock`` the wall clock (for tests that pin the time).
+        """
+        tools = list(tools or ())
+        registry = Registry(tool.spec for tool in tools)
+        config.home_path.mkdir(parents=True, exist_ok=True)
+        # Open the store once here so a bad file fails the start, not every later turn.
+        SessionStore(config.home_path / DB_NAME).close()
+        chat_model = model if model is not None else HttpChatModel(config.model)
+        memory = memory if memory is not None else default_memory(config.home)
+        directory = Directory()
+        subscribers = Subscribers()
+        limits = Limits(
+            max_steps=config.loop.max_steps,
+            tool_result_cap=config.loop.tool_result_cap,
+            summary_chars=config.compact.summary_chars,
+            threshold_chars=config.compact.threshold_chars,
+        )
+        env = SessionEnv(directory, registry, limits, clock, itertools.count(1))
+        refs: dict[str, pykka.ActorRef[Any]] = {}
+        try:
+            refs[EVENTS] = EventBus.start(subscribers)
+            refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
+            refs[MODEL] = PoolRouter.start(
+                config.model.concurrency, model_handler(chat_model), directory
+            )
+            refs[PORT] = PoolRouter.start(
+                max(1, min(8, len(tools))), port_handler(tools), directory
+            )
+            for address in (EVENTS, STORE, MODEL, PORT):
+                directory.register(address, refs[address])
+            refs[CONTEXT] = ContextActor.start(config, directory, registry, memory, env, clock)
+        except BaseException:
+            for ref in reversed(refs.values()):
+                ref.stop()
+            raise
+        return cls(config, directory, subscribers, refs, chat_model, registry)
+
+    @property
+    def context(self) -> pykka.ActorRef[Any]:
+        """The Context actor's ref, for ``tell`` and ``ask`` from outside the actors."""
+        return self._refs[CONTEXT]
+
+    def subscribe(self, fn: Callable[[TurnEvent], Any]) -> Callable[[], None]:
+        """Call ``fn(event)`` for every turn event, children's included, from the bus thread.
+
+        Returns a function that unsubscribes ``fn``.
+        """
+        return self._subscribers.add(fn)
+
+    def send_turn(
+        self, session: str, text: str, *, speaker: str | None = None, reply_to: str | None = None
+    ) -> None:
+        """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any."""
+        check_session_id(session)
+        self._tell_context(StartTurn(session, text, speaker, reply_to))
+
+    def run_turn(
+        self, session: str, text: str, timeout: float | None = None, *, speaker: str | None = None
+    ) -> TurnOutcome:
+        """Run one turn of ``session`` and return how it ended.
+
+        Raises ``ValueError`` for an invalid session id before anything is stored, and
+        ``TimeoutError`` if the turn has not ended after ``timeout`` seconds (it goes on).
+        """
+        check_session_id(session)
+        waiter = _Waiter()
+        address = self.directory.unique("waiter")
+        self.directory.register(address, waiter)
+        try:
+            self._tell_context(StartTurn(session, text, speaker, address))
+            try:
+                outcome: TurnOutcome = waiter.wait(timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"the turn of {session} did not end within {timeout} s; it goes on"
+                ) from None
+            return outcome
+        finally:
+            self.directory.unregister(address, waiter)
+
+    def _tell_context(self, message: Any) -> None:
+        if self._stopped:
+            raise RuntimeError("this runtime is stopped")
+        self.context.tell(message)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every actor; every waiting caller is answered, and the store is left consistent.
+
+        Order matters: the Context first (it answers every held turn ``CANCELLED``), then the
+        sessions, then the pools, and the store last, after it has written what it was sent.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        self._refs[CONTEXT].stop(timeout=timeout)
+        for address in self.directory.addresses():
+            if address.startswith("session:"):
+                ref = self.directory.get(address)
+                if isinstance(ref, pykka.ActorRef):
+                    ref.stop(timeout=timeout)
+        for address in (MODEL, PORT, STORE, EVENTS):
+            self._refs[address].stop(timeout=timeout)
+        self.model.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

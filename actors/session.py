@@ -1,0 +1,192 @@
+"""The session actor: owns one session's state and carries out its turn's effects."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import pykka
+
+from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory, session_address
+from actors.dispatch import Registry
+from actors.turn import (
+    CallPort,
+    Compact,
+    Effect,
+    Emit,
+    Finish,
+    Limits,
+    Persist,
+    RequestModel,
+    SessionState,
+    Spawn,
+    Turn,
+)
+from messages import (
+    Appended,
+    AppendMessages,
+    CompactHistory,
+    FailReason,
+    Inspect,
+    ModelAnswer,
+    ModelError,
+    ModelRequest,
+    PortCall,
+    RunTurn,
+    SessionCrashed,
+    SessionRecord,
+    SessionTurnEnded,
+    StoreFailed,
+    SubagentCompleted,
+    SubagentFailed,
+    SubagentRequest,
+    ToolDone,
+)
+
+__all__ = ["SessionActor", "SessionEnv"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionEnv:
+    """What every session actor of a runtime shares: addresses, tools, limits, clock, ids."""
+
+    directory: Directory
+    registry: Registry
+    limits: Limits
+    clock: Callable[[], datetime]
+    request_ids: Iterator[int]
+
+
+class SessionActor(pykka.ThreadingActor):
+    """One live session. It never waits on another actor: a turn waiting for the model, a tool
+    or a child is just a state of its :class:`~actors.turn.Turn`, and answers arrive as
+    messages. It can be stopped at any idle moment and rebuilt from the store."""
+
+    def __init__(self, record: SessionRecord, env: SessionEnv) -> None:
+        super().__init__()
+        self.state = SessionState.from_record(record)
+        self.env = env
+        self.address = session_address(record.id)
+        self.turn: Turn | None = None
+
+    # Life cycle.
+
+    def on_start(self) -> None:
+        self.env.directory.register(self.address, self.actor_ref)
+
+    def on_stop(self) -> None:
+        self._abandon("the session actor was stopped during its turn")
+        self.env.directory.unregister(self.address, self.actor_ref)
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        name = exception_type.__name__ if exception_type else "error"
+        self._abandon(f"the session actor failed: {name}: {exception_value}")
+        self.env.directory.unregister(self.address, self.actor_ref)
+
+    def _abandon(self, detail: str) -> None:
+        # Whoever waits on this turn must hear of it; the Context turns this into an answer.
+        if self.turn is not None and not self.turn.done:
+            self.turn.cancel(FailReason.CRASHED, detail)
+            self.turn = None
+            self.env.directory.tell(CONTEXT, SessionCrashed(self.state.id, detail))
+
+    # Messages.
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Inspect):
+            return self.record()
+        if isinstance(message, RunTurn):
+            return self._start(message)
+        turn = self.turn
+        if turn is None:
+            log.debug("%s: no turn for %s", self.state.id, type(message).__name__)
+            return None
+        if isinstance(message, Appended):
+            effects = turn.persisted(message.request_id)
+        elif isinstance(message, StoreFailed):
+            effects = turn.store_failed(message.request_id, message.detail)
+        elif isinstance(message, ModelAnswer):
+            effects = turn.model_answer(message)
+        elif isinstance(message, ModelError):
+            effects = turn.model_error(message)
+        elif isinstance(message, ToolDone):
+            effects = turn.tool_result(message.result)
+        elif isinstance(message, SubagentCompleted | SubagentFailed):
+            effects = turn.subagent_result(message)
+        else:
+            log.warning("%s: unexpected message %r", self.state.id, message)
+            return None
+        self._carry_out(effects)
+        return None
+
+    def _start(self, message: RunTurn) -> None:
+        if self.turn is not None:
+            # The Context's hold makes this impossible; refuse loudly rather than mix two turns.
+            log.error("%s: a turn is already running; RunTurn ignored", self.state.id)
+            return
+        self.turn = Turn(
+            self.state, self.env.registry, self.env.limits, self.env.request_ids, self.env.clock
+        )
+        self._carry_out(self.turn.start(message.text, message.speaker))
+
+    def record(self) -> SessionRecord:
+        """The session as it stands now, in the shape the store gives it."""
+        s = self.state
+        return SessionRecord(
+            s.id, s.baseline, s.slot, tuple(s.transcript), s.turns, s.next_call_id, s.untrusted
+        )
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        tell = self.env.directory.tell
+        s = self.state
+        for effect in effects:
+            if isinstance(effect, Emit):
+                tell(EVENTS, effect.event)
+            elif isinstance(effect, Persist):
+                tell(
+                    STORE,
+                    AppendMessages(
+                        s.id,
+                        effect.request_id,
+                        effect.messages,
+                        s.turns,
+                        s.next_call_id,
+                        s.untrusted,
+                        self.address,
+                    ),
+                )
+            elif isinstance(effect, RequestModel):
+                tell(
+                    MODEL,
+                    ModelRequest(
+                        s.id,
+                        effect.request_id,
+                        effect.slot,
+                        effect.messages,
+                        s.baseline.tools,
+                        self.address,
+                    ),
+                )
+            elif isinstance(effect, CallPort):
+                tell(
+                    PORT,
+                    PortCall(s.id, effect.call_id, effect.name, effect.arguments, self.address),
+                )
+            elif isinstance(effect, Spawn):
+                tell(CONTEXT, SubagentRequest(s.id, effect.call_id, effect.task))
+            elif isinstance(effect, Compact):
+                tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
+            elif isinstance(effect, Finish):
+                self.turn = None
+                tell(CONTEXT, SessionTurnEnded(s.id, effect.outcome, s.turns, s.untrusted))

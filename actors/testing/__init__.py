@@ -1,0 +1,1 @@
+"""loopd's test kit."""

@@ -1,0 +1,275 @@
+"""A fake OpenAI-compatible chat-completions server, for tests that cross real HTTP.
+
+::
+
+    with ChatServer([call("echo", text="hi"), reply("done")]) as server:
+        config = ModelConfig(base_url=server.base_url)
+        ...  # run a turn against it
+        assert server.requests[0]["id_slot"] == 0
+
+The server listens on ``127.0.0.1`` on a free port, records every request body, and answers from
+a script: a list of :class:`~actors.testing.script.Answer` / ``RawResponse`` consumed in order,
+or a callable that gets the request body and returns one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from actors.testing.script import Answer, RawResponse
+
+__all__ = ["ChatServer", "ScriptFunction"]
+
+ScriptFunction = Callable[[dict[str, Any]], Answer | RawResponse]
+"""A script as a function: it gets each decoded request body and returns the answer to send."""
+
+_PATH = "/v1/chat/completions"
+_POLL_S = 0.02
+
+
+def _json_error(status: int, message: str) -> RawResponse:
+    body = json.dumps({"error": {"message": message, "type": "chat_server_error"}})
+    return RawResponse(
+        status=status, body=body.encode(), headers={"Content-Type": "application/json"}
+    )
+
+
+class _Server(ThreadingHTTPServer):
+    # Handler threads must not keep the test process alive, nor be joined on close: a test may
+    # leave one blocked in its script (a timeout test) while the server stops.
+    daemon_threads = True
+    chat: ChatServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (a timeout test) makes the late write fail; that is expected
+        # and must not print a traceback. Anything else is recorded for the test to see.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        self.chat._record_error(f"the handler failed: {exc!r}")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Quiet: no line on stderr per request.
+        pass
+
+    def do_POST(self) -> None:
+        if self.path != _PATH:
+            self._send(_json_error(404, f"no such path: {self.path}"))
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            self.server.chat._record_error(f"a request body is not JSON: {exc}")
+            self._send(_json_error(400, f"the request body is not JSON: {exc}"))
+            return
+        if not isinstance(body, dict):
+            self.server.chat._record_error("a request body is not a JSON object")
+            self._send(_json_error(400, "the request body is not a JSON object"))
+            return
+        headers = {key.lower(): value for key, value in self.headers.items()}
+        self._send(self.server.chat._answer(body, headers))
+
+    def do_GET(self) -> None:
+        self._send(_json_error(404, f"no such path: {self.path}"))
+
+    def _send(self, response: RawResponse) -> None:
+        self.send_response(response.status)
+        for key, value in response.headers.items():
+            self.send_header(key, value)
+        if not any(key.lower() == "content-length" for key in response.headers):
+            self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        self.wfile.write(response.body)
+
+
+class ChatServer:
+    """A fake chat-completions server on ``127.0.0.1``, answering from a script.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`. It serves
+    ``POST /v1/chat/completions`` (anything else is 404), handling requests concurrently.
+    A list script answers in order; once it runs out every further request gets HTTP 500 and the
+    fact is recorded in :attr:`errors`. A callable script gets each request body.
+    """
+
+    def __init__(self, script: Sequence[Answer | RawResponse] | ScriptFunction):
+        """Prepare a server answering from ``script``; nothing listens before :meth:`start`."""
+        self._function: ScriptFunction | None = script if callable(script) else None
+        self._script: list[Answer | RawResponse] = [] if callable(script) else list(script)
+        self._next = 0
+        self._call_number = 0
+        self._requests: list[dict[str, Any]] = []
+        self._headers: list[dict[str, str]] = []
+        self._errors: list[str] = []
+        self._changed = threading.Condition()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- life ---
+
+    def start(self) -> ChatServer:
+        """Listen on a free port and serve in a daemon thread; returns self."""
+        if self._server is not None:
+            raise RuntimeError("the chat server is already started")
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.chat = self
+        self._server = server
+        # serve_forever only notices shutdown() between polls; a short poll keeps stop() fast.
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": _POLL_S},
+            name=f"chat-server-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket. Safe to call twice."""
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join()
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> ChatServer:
+        """Start the server."""
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the server."""
+        self.stop()
+
+    # --- what users look at ---
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on (only once started)."""
+        if self._server is None:
+            raise RuntimeError("the chat server is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1``: the ``model.base_url`` to configure."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """A copy of the decoded JSON bodies received so far, in arrival order."""
+        with self._changed:
+            return list(self._requests)
+
+    @property
+    def request_headers(self) -> list[dict[str, str]]:
+        """The HTTP headers of each recorded request (names in lower case), as ``requests``."""
+        with self._changed:
+            return [dict(headers) for headers in self._headers]
+
+    @property
+    def errors(self) -> list[str]:
+        """What went wrong on the server side (script ran out, script raised, bad body)."""
+        with self._changed:
+            return list(self._errors)
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Block until at least ``n`` requests have arrived and return them all.
+
+        Raises ``AssertionError`` saying how many arrived if ``timeout`` seconds pass first.
+        """
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self._requests) >= n, timeout):
+                raise AssertionError(
+                    f"expected {n} request(s) within {timeout:g} s, "
+                    f"but {len(self._requests)} arrived"
+                )
+            return list(self._requests)
+
+    # --- called from handler threads ---
+
+    def _record_error(self, text: str) -> None:
+        with self._changed:
+            self._errors.append(text)
+            self._changed.notify_all()
+
+    def _answer(self, body: dict[str, Any], headers: dict[str, str]) -> RawResponse:
+        with self._changed:
+            self._requests.append(body)
+            self._headers.append(headers)
+            number = len(self._requests)
+            self._changed.notify_all()
+            step: Answer | RawResponse | None = None
+            if self._function is None:
+                if self._next < len(self._script):
+                    step = self._script[self._next]
+                    self._next += 1
+                else:
+                    self._errors.append(
+                        f"the script ran out: request {number} has no answer "
+                        f"(the script has {len(self._script)})"
+                    )
+                    return _json_error(500, "the chat server's script ran out of answers")
+        if step is None:
+            assert self._function is not None
+            # Called outside the lock: a script may block (to hold requests in flight).
+            try:
+                step = self._function(body)
+            except Exception as exc:
+                self._record_error(f"the script raised: {exc!r}")
+                return _json_error(500, f"the chat server's script raised: {exc!r}")
+        if isinstance(step, RawResponse):
+            return step
+        return self._completion(step, body, number)
+
+    def _completion(self, answer: Answer, body: dict[str, Any], number: int) -> RawResponse:
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+        if answer.tool_calls:
+            with self._changed:
+                first = self._call_number + 1
+                self._call_number += len(answer.tool_calls)
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{first + offset}",
+                    "type": "function",
+                    "function": {"name": proposed.name, "arguments": proposed.arguments},
+                }
+                for offset, proposed in enumerate(answer.tool_calls)
+            ]
+        response = {
+            "id": f"chatcmpl-{number}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", ""),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if answer.tool_calls else "stop",
+                }
+            ],
+        }
+        return RawResponse(
+            status=200,
+            body=json.dumps(response).encode(),
+            headers={"Content-Type": "application/json"},
+        )

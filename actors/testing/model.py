@@ -1,0 +1,63 @@
+"""ScriptedModel: an in-process model that answers from a script and records every request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from actors.model import ModelFailure
+from actors.testing.script import Answer
+from messages import ModelAnswer, ModelRequest
+
+__all__ = ["ScriptedModel"]
+
+Script = Sequence[Answer] | Callable[[ModelRequest], Answer]
+
+
+class ScriptedModel:
+    """A model for tests and the demo, behind the same interface as the HTTP client.
+
+    ``script`` is a list of answers given in order (running out is a model error), or a function
+    of the request. A function runs outside the model's lock, so it may block to hold a request
+    in flight. Raise ``ModelFailure`` from it to answer a model error.
+    """
+
+    def __init__(self, script: Script) -> None:
+        self._script = script
+        self._next = 0
+        self._cond = threading.Condition()
+        self._requests: list[ModelRequest] = []
+
+    @property
+    def requests(self) -> list[ModelRequest]:
+        """Every request so far, in arrival order."""
+        with self._cond:
+            return list(self._requests)
+
+    def complete(self, request: ModelRequest) -> ModelAnswer:
+        """Answer ``request`` from the script."""
+        with self._cond:
+            self._requests.append(request)
+            self._cond.notify_all()
+            if not callable(self._script):
+                if self._next >= len(self._script):
+                    raise ModelFailure(
+                        f"the scripted model ran out of answers after {len(self._script)}"
+                    )
+                answer = self._script[self._next]
+                self._next += 1
+        if callable(self._script):
+            answer = self._script(request)
+        return ModelAnswer(request.session, request.request_id, answer.content, answer.tool_calls)
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[ModelRequest]:
+        """Block until ``n`` requests have arrived; AssertionError naming the count otherwise."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout):
+                raise AssertionError(
+                    f"expected {n} model requests within {timeout} s, got {len(self._requests)}"
+                )
+            return list(self._requests)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,112 @@
+"""Text hygiene for untrusted model output: character caps and control-text removal.
+
+Plain functions, no I/O. A child session's answer is untrusted: before it enters its parent's
+context it goes through :func:`neutralise` (so it cannot forge chat-template structure or drive
+a terminal) and :func:`cap_chars` (so it cannot crowd the parent's context).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+__all__ = ["TEMPLATE_TOKENS", "cap_chars", "neutralise"]
+
+TEMPLATE_TOKENS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        # Tokens of the ``<|name|>`` shape (ChatML, Llama 3, Phi; DeepSeek's with fullwidth bars,
+        # U+FF5C) are removed by the general pattern below whatever the name; listed as examples.
+        "chatml": ("<|im_start|>", "<|im_end|>", "<|im_sep|>", "<|endoftext|>"),
+        "llama3": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "phi": ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+        "deepseek": (
+            "<\uff5cbegin▁of▁sentence\uff5c>",
+            "<\uff5cUser\uff5c>",
+            "<\uff5cAssistant\uff5c>",
+            "<\uff5cend▁of▁sentence\uff5c>",
+        ),
+        # Families whose tokens have no common shape: matched literally, case-insensitively.
+        "llama2": ("[INST]", "[/INST]", "<<SYS>>", "<</SYS>>", "<s>", "</s>"),
+        "mistral": (
+            "[TOOL_CALLS]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+        ),
+        "gemma": ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>"),
+        "tools": ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+    }
+)
+"""Special tokens of the common chat-template families, by family; all are removed."""
+
+# ``<|name|>`` with ASCII or fullwidth (U+FF5C) bars. The name has at most 64 characters (real
+# ones have far fewer) and no whitespace or angle brackets, so ``a < b``, ``<b>``, ``<|>`` and
+# F#'s ``x |> f <| y`` are left alone.
+_NAME_MAX = 64
+_BARRED = rf"<[|\uff5c][^<>\s]{{0,{_NAME_MAX}}}?[|\uff5c]>"
+_LITERALS = sorted({t for ts in TEMPLATE_TOKENS.values() for t in ts}, key=len, reverse=True)
+_TOKEN = rf"{_BARRED}|{'|'.join(re.escape(t) for t in _LITERALS)}"
+_TOKENS = re.compile(_TOKEN, re.IGNORECASE)
+_TOKEN_AT_END = re.compile(rf"(?:{_TOKEN})\Z", re.IGNORECASE)
+_TOKEN_LEN_MAX = max(_NAME_MAX + 4, len(_LITERALS[0]))
+_TOKEN_ENDS = re.compile(f"([{re.escape(''.join({t[-1] for t in _LITERALS} | {'>'}))}])")
+
+# Terminal escape sequences, removed whole. String sequences (OSC, DCS, SOS, PM, APC; 7-bit
+# ``ESC ]`` etc. or their 8-bit C1 forms) run to BEL or ST; CSI to its final byte; any other
+# ESC sequence is ESC, intermediates, one final byte. What is left of a malformed one loses its
+# ESC (or C1 introducer) to the control pass below; its other characters stay as text.
+_ANSI = re.compile(
+    r"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
+    r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|\x1b[ -/]*[0-~]"
+)
+
+# C0 controls but ``\t`` and ``\n``, DEL, C1 controls.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def cap_chars(s: str, n: int) -> str:
+    """Return at most the first ``n`` characters (code points) of ``s``.
+
+    Python strings are sequences of code points, so the cut always falls on a character
+    boundary (never inside a multi-byte UTF-8 sequence). ``n < 0`` raises ``ValueError``.
+    """
+    if n < 0:
+        raise ValueError(f"cap_chars: n must be >= 0, got {n}")
+    return s[:n]
+
+
+def _strip_tokens(text: str) -> str:
+    # One pass with a stack, so that nesting cannot defeat it: characters go onto ``out``, and
+    # whenever one that can end a token arrives, a token ending there is taken off again. ``out``
+    # never holds a token, so no token is left, however the pieces were interleaved.
+    if not _TOKENS.search(text):
+        return text
+    out: list[str] = []
+    for i, piece in enumerate(_TOKEN_ENDS.split(text)):
+        out.extend(piece)
+        if i % 2:  # a token-ending character
+            tail = "".join(out[-_TOKEN_LEN_MAX:])
+            found = _TOKEN_AT_END.search(tail)
+            if found:
+                del out[len(out) - (len(tail) - found.start()) :]
+    return "".join(out)
+
+
+def neutralise(text: str) -> str:
+    """Remove chat-template control text and terminal control from untrusted ``text``.
+
+    Removed: special tokens of the common template families (:data:`TEMPLATE_TOKENS`, and any
+    ``<|name|>`` token, with ASCII or fullwidth bars), terminal escape sequences (whole), and
+    every C0 control but ``\\n`` and ``\\t``, DEL and the C1 controls. Everything else is kept.
+
+    Escape sequences go first, then controls (so they cannot hide a token), then tokens, in
+    one pass that nesting cannot defeat (``<|im_<|im_start|>start|>`` leaves nothing). The
+    result holds none of these, so ``neutralise(neutralise(t)) == neutralise(t)``.
+    """
+    return _strip_tokens(_CONTROLS.sub("", _ANSI.sub("", text)))

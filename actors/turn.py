@@ -1,0 +1,461 @@
+"""One turn of one session, as a state machine with no I/O (SPEC 4, 5 and 7).
+
+The :class:`Turn` takes inputs (``start``, ``persisted``, ``model_answer``, ``tool_result``...)
+and returns effects (:class:`Persist`, :class:`RequestModel`, :class:`CallPort`,
+:class:`Spawn`, :class:`Emit`, :class:`Finish`...) for its session actor to carry out. A test can
+drive a whole turn, compaction included, without a thread. The rules it keeps:
+
+- every message is made durable (``Persist``, answered by ``persisted``) before the next model
+  request, and a tool call is only dispatched once the answer that numbers it is durable;
+- tool calls take the next call ids in the model's order, run concurrently, and go back to the
+  model in call order, whatever finished first;
+- ``loop.max_steps`` model requests at most; calls still asked for at the limit are answered
+  with a step-limit denial so the transcript stays valid, and the turn fails with TURN_LIMIT;
+- after the turn, a transcript past ``compact.threshold_chars`` is summarised on the session's
+  own slot; a failed compaction never changes the turn's outcome.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from actors.dispatch import Answered, ArgumentError, Registry, SpawnChild, ToPort, child_id
+from actors.dispatch import dispatch as route_call
+from actors.text import cap_chars, neutralise
+from messages import (
+    Baseline,
+    ChatMessage,
+    Compacted,
+    CompactionFailed,
+    DataClass,
+    DenyReason,
+    FailReason,
+    ModelAnswer,
+    ModelAnswered,
+    ModelError,
+    ModelRequestSent,
+    SessionRecord,
+    SubagentCompleted,
+    SubagentResult,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolResult,
+    TurnCompleted,
+    TurnEnded,
+    TurnEvent,
+    TurnFailed,
+    TurnOutcome,
+    TurnStarted,
+    denial_message,
+)
+
+__all__ = [
+    "COMPACT_INSTRUCTION",
+    "SUMMARY_PREFIX",
+    "CallPort",
+    "Compact",
+    "Effect",
+    "Emit",
+    "Finish",
+    "Limits",
+    "Persist",
+    "RequestModel",
+    "SessionState",
+    "Spawn",
+    "Turn",
+    "subagent_result_text",
+]
+
+COMPACT_INSTRUCTION = (
+    "Summarise this conversation so far for your own later use: the facts, decisions, open "
+    "questions and results that matter. Answer with the summary only."
+)
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+
+@dataclass
+class SessionState:
+    """A session's state as its actor keeps it; mirrors what the store holds."""
+
+    id: str
+    baseline: Baseline
+    slot: int
+    transcript: list[ChatMessage]
+    turns: int = 0
+    next_call_id: int = 1
+    untrusted: bool = False
+
+    @classmethod
+    def from_record(cls, record: SessionRecord) -> SessionState:
+        """The state of a stored session."""
+        return cls(
+            id=record.id,
+            baseline=record.baseline,
+            slot=record.slot,
+            transcript=list(record.transcript),
+            turns=record.turns,
+            next_call_id=record.next_call_id,
+            untrusted=record.untrusted,
+        )
+
+    def messages(self) -> tuple[ChatMessage, ...]:
+        """What a model request carries: the system message, then the transcript."""
+        system = ChatMessage(role="system", content=self.baseline.system)
+        return (system, *self.transcript)
+
+    def transcript_chars(self) -> int:
+        """Characters of the transcript after the baseline (what compaction is measured on)."""
+        total = 0
+        for message in self.transcript:
+            total += len(message.content or "")
+            for call in message.tool_calls:
+                total += len(call.name) + len(call.arguments)
+        return total
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The numbers a turn obeys, from ``[loop]`` and ``[compact]``."""
+
+    max_steps: int
+    tool_result_cap: int
+    summary_chars: int
+    threshold_chars: int
+
+
+# Effects: what the session actor is asked to do.
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Append ``messages`` and the session's counters to the store; answer ``persisted``."""
+
+    request_id: int
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True)
+class Compact:
+    """Replace the stored live history by ``summary`` (old rows kept, marked compacted)."""
+
+    request_id: int
+    summary: ChatMessage
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """Send a model request; answer ``model_answer`` or ``model_error`` with ``request_id``."""
+
+    request_id: int
+    slot: int
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True)
+class CallPort:
+    """Run port tool ``name`` for call ``call_id``; answer ``tool_result``."""
+
+    call_id: int
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Ask the Context to run ``task`` in ``child``; answer ``subagent_result``."""
+
+    call_id: int
+    child: str
+    task: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Publish ``event`` to subscribers."""
+
+    event: TurnEvent
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The turn, compaction included, is over with ``outcome``."""
+
+    outcome: TurnOutcome
+
+
+Effect = Persist | Compact | RequestModel | CallPort | Spawn | Emit | Finish
+"""Anything a :class:`Turn` asks its actor to do."""
+
+
+class _Phase(enum.Enum):
+    IDLE = enum.auto()
+    SAVING = enum.auto()  # waiting for a Persist; then ``_after_save`` runs
+    ASKING = enum.auto()  # waiting for the model
+    CALLING = enum.auto()  # waiting for tool results
+    SUMMARISING = enum.auto()  # waiting for the compaction summary
+    COMPACTING = enum.auto()  # waiting for the store to compact
+    DONE = enum.auto()
+
+
+def subagent_result_text(result: SubagentResult) -> str:
+    """The parent's tool text for a child's outcome: ``<child> completed\\n<summary>`` or failed."""
+    if isinstance(result, SubagentCompleted):
+        return f"{result.child} completed\n{result.summary}"
+    return f"{result.child} failed"
+
+
+@dataclass
+class Turn:
+    """One turn of ``state``'s session. Create, call :meth:`start`, then feed it answers."""
+
+    state: SessionState
+    registry: Registry
+    limits: Limits
+    ids: Iterator[int]
+    clock: Callable[[], datetime]
+    step: int = 0
+    phase: _Phase = _Phase.IDLE
+    outcome: TurnOutcome | None = None
+    _waiting_for: int | None = None
+    _after_save: Callable[[], list[Effect]] | None = None
+    _calls: list[ToolCall] = field(default_factory=list)
+    _results: dict[int, ToolResult] = field(default_factory=dict)
+    _summary: ChatMessage | None = None
+    _finished: bool = False
+
+    # Inputs.
+
+    def start(self, text: str, speaker: str | None = None) -> list[Effect]:
+        """Begin the turn with the user's ``text``."""
+        if self.phase is not _Phase.IDLE:
+            raise RuntimeError("a turn can only start once")
+        self.state.turns += 1
+        user = ChatMessage(role="user", content=text, name=speaker)
+        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
+        return [event, *self._save((user,), self._ask)]
+
+    def persisted(self, request_id: int) -> list[Effect]:
+        """The store made ``request_id`` durable."""
+        if request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.COMPACTING:
+            return self._compacted()
+        if self.phase is not _Phase.SAVING or self._after_save is None:
+            return []
+        after, self._after_save = self._after_save, None
+        return after()
+
+    def store_failed(self, request_id: int, detail: str) -> list[Effect]:
+        """The store could not do ``request_id``."""
+        if request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.COMPACTING:
+            return self._compaction_failed(f"the store could not compact: {detail}")
+        return self._end(TurnFailed(self.state.id, FailReason.STORE_ERROR, detail))
+
+    def model_answer(self, answer: ModelAnswer) -> list[Effect]:
+        """The model answered; a stale answer (another request id) is ignored."""
+        if answer.request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.SUMMARISING:
+            return self._summarised(answer.content or "")
+        if self.phase is not _Phase.ASKING:
+            return []
+        names = tuple(call.name for call in answer.tool_calls)
+        effects: list[Effect] = [
+            Emit(
+                ModelAnswered(
+                    session=self.state.id, step=self.step, content=answer.content, tools=names
+                )
+            )
+        ]
+        if not answer.tool_calls:
+            content = answer.content or ""
+            done = TurnCompleted(self.state.id, content)
+            final = ChatMessage(role="assistant", content=content)
+            return effects + self._save((final,), lambda: self._end(done))
+        calls = []
+        for proposed in answer.tool_calls:
+            calls.append(ToolCall(self.state.next_call_id, proposed.name, proposed.arguments))
+            self.state.next_call_id += 1
+        self._calls = calls
+        self._results = {}
+        assistant = ChatMessage(role="assistant", content=answer.content, tool_calls=tuple(calls))
+        if self.step >= self.limits.max_steps:
+            return effects + self._refuse_at_limit(assistant)
+        return effects + self._save((assistant,), self._dispatch)
+
+    def model_error(self, error: ModelError) -> list[Effect]:
+        """The model request failed."""
+        if error.request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.SUMMARISING:
+            return self._compaction_failed(f"the model could not summarise: {error.detail}")
+        return self._end(TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail))
+
+    def tool_result(self, result: ToolResult) -> list[Effect]:
+        """A dispatched call has its result; once all have, they go back in call order."""
+        if self.phase is not _Phase.CALLING or result.call_id in self._results:
+            return []
+        call = next((c for c in self._calls if c.id == result.call_id), None)
+        if call is None:
+            return []
+        if result.untrusted:
+            self.state.untrusted = True
+        text = cap_chars(result.text, self.limits.tool_result_cap)
+        self._results[call.id] = ToolResult(call.id, text, result.data_class, result.untrusted)
+        finished = ToolCallFinished(session=self.state.id, call_id=call.id, name=call.name)
+        return [Emit(finished), *self._maybe_continue()]
+
+    def subagent_result(self, result: SubagentResult) -> list[Effect]:
+        """A child answered the ``subagent`` call ``result.call_id``."""
+        text = subagent_result_text(result)
+        return self.tool_result(
+            ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted)
+        )
+
+    def cancel(self, reason: FailReason, detail: str) -> list[Effect]:
+        """End the turn now (its actor is stopping): whatever was awaited is dropped.
+
+        A turn whose outcome is already decided (it is compacting) keeps that outcome.
+        """
+        if self.done:
+            return []
+        self._waiting_for = None
+        if self.outcome is not None:
+            return self._finish()
+        outcome = TurnFailed(self.state.id, reason, detail)
+        return [*self._turn_ended(outcome), *self._finish()]
+
+    @property
+    def done(self) -> bool:
+        """True once :class:`Finish` has been returned."""
+        return self._finished
+
+    # Steps.
+
+    def _next_id(self) -> int:
+        request_id = next(self.ids)
+        self._waiting_for = request_id
+        return request_id
+
+    def _save(
+        self, messages: tuple[ChatMessage, ...], then: Callable[[], list[Effect]]
+    ) -> list[Effect]:
+        self.state.transcript.extend(messages)
+        self.phase = _Phase.SAVING
+        self._after_save = then
+        return [Persist(self._next_id(), messages)]
+
+    def _ask(self) -> list[Effect]:
+        self.step += 1
+        self.phase = _Phase.ASKING
+        sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
+        request = RequestModel(self._next_id(), self.state.slot, self.state.messages())
+        return [Emit(sent), request]
+
+    def _dispatch(self) -> list[Effect]:
+        self.phase = _Phase.CALLING
+        effects: list[Effect] = []
+        now = self.clock()
+        for call in self._calls:
+            effects.append(
+                Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
+            )
+            route = route_call(self.registry, call.name, call.arguments, now)
+            if isinstance(route, SpawnChild):
+                try:
+                    child = child_id(self.state.id, call.id)
+                except ArgumentError as exc:
+                    denial = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
+                    route = Answered(denial, denied=True)
+                else:
+                    effects.append(Spawn(call.id, child, route.task))
+                    continue
+            if isinstance(route, ToPort):
+                effects.append(CallPort(call.id, route.name, route.arguments))
+                continue
+            self._results[call.id] = ToolResult(call.id, route.text)
+            effects.append(
+                Emit(
+                    ToolCallFinished(
+                        session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
+                    )
+                )
+            )
+        return effects + self._maybe_continue()
+
+    def _maybe_continue(self) -> list[Effect]:
+        if len(self._results) < len(self._calls):
+            return []
+        messages = tuple(
+            ChatMessage(role="tool", content=self._results[c.id].text, tool_call_id=c.id)
+            for c in self._calls
+        )
+        self._calls, self._results = [], {}
+        return self._save(messages, self._ask)
+
+    def _refuse_at_limit(self, assistant: ChatMessage) -> list[Effect]:
+        detail = f"loop.max_steps is {self.limits.max_steps}"
+        text = denial_message(DenyReason.STEP_LIMIT, detail)
+        refusals = tuple(
+            ChatMessage(role="tool", content=text, tool_call_id=c.id) for c in self._calls
+        )
+        failed = TurnFailed(
+            self.state.id,
+            FailReason.TURN_LIMIT,
+            f"the model still called tools after {self.step} requests ({detail})",
+        )
+        return self._save((assistant, *refusals), lambda: self._end(failed))
+
+    def _end(self, outcome: TurnOutcome) -> list[Effect]:
+        effects = self._turn_ended(outcome)
+        if self.state.transcript_chars() > self.limits.threshold_chars:
+            self.phase = _Phase.SUMMARISING
+            instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
+            messages = (*self.state.messages(), instruction)
+            return [*effects, RequestModel(self._next_id(), self.state.slot, messages)]
+        return [*effects, *self._finish()]
+
+    def _finish(self) -> list[Effect]:
+        assert self.outcome is not None
+        self.phase = _Phase.DONE
+        self._finished = True
+        return [Finish(self.outcome)]
+
+    def _turn_ended(self, outcome: TurnOutcome) -> list[Effect]:
+        self.outcome = outcome
+        self.phase = _Phase.DONE
+        if isinstance(outcome, TurnCompleted):
+            event = TurnEnded(session=self.state.id, completed=True)
+        else:
+            event = TurnEnded(
+                session=self.state.id, completed=False, reason=outcome.reason, detail=outcome.detail
+            )
+        return [Emit(event)]
+
+    def _summarised(self, content: str) -> list[Effect]:
+        text = SUMMARY_PREFIX + cap_chars(neutralise(content), self.limits.summary_chars)
+        self._summary = ChatMessage(role="user", content=text)
+        self.phase = _Phase.COMPACTING
+        return [Compact(self._next_id(), self._summary)]
+
+    def _compacted(self) -> list[Effect]:
+        assert self._summary is not None
+        before = self.state.transcript_chars()
+        self.state.transcript = [self._summary]
+        after = self.state.transcript_chars()
+        compacted = Compacted(session=self.state.id, before=before, after=after)
+        return [Emit(compacted), *self._finish()]
+
+    def _compaction_failed(self, detail: str) -> list[Effect]:
+        failed = CompactionFailed(session=self.state.id, detail=detail)
+        return [Emit(failed), *self._finish()]

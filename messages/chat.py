@@ -1,0 +1,85 @@
+"""The conversation a session keeps, and what goes to and comes back from the model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from messages.base import Message
+from messages.ids import CallId, SessionId
+from messages.tools import ToolCall, ToolSpec
+
+__all__ = [
+    "Baseline",
+    "ChatMessage",
+    "ModelAnswer",
+    "ModelError",
+    "ModelReply",
+    "ModelRequest",
+    "ProposedCall",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ChatMessage(Message, frozen=True):
+    """One message of a transcript, in the shape of the chat-completions API.
+
+    ``tool_calls`` is set on assistant messages that call tools; ``tool_call_id`` on tool
+    messages; ``name`` is an optional speaker on user messages.
+    """
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: CallId | None = None
+    name: str | None = None
+
+
+class Baseline(Message, frozen=True):
+    """What every request of a session starts with: the system prompt and the tools.
+
+    Built once when the session is created and stored with it; byte-stable for the session's
+    life, so the server's prompt cache of it stays valid.
+    """
+
+    system: str
+    tools: tuple[ToolSpec, ...] = ()
+
+
+class ModelRequest(Message, frozen=True):
+    """One chat-completions request of ``session``, to be answered at ``reply_to``."""
+
+    session: SessionId
+    request_id: int
+    slot: int
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...]
+    reply_to: str
+
+
+class ProposedCall(Message, frozen=True):
+    """A tool call as the model proposed it, before the session numbers it."""
+
+    name: str
+    arguments: str
+
+
+class ModelAnswer(Message, frozen=True):
+    """The model's answer to request ``request_id``."""
+
+    session: SessionId
+    request_id: int
+    content: str | None
+    tool_calls: tuple[ProposedCall, ...] = ()
+
+
+class ModelError(Message, frozen=True):
+    """Request ``request_id`` failed; ``detail`` names the cause."""
+
+    session: SessionId
+    request_id: int
+    detail: str
+
+
+ModelReply = ModelAnswer | ModelError
+"""What a model worker sends back for a :class:`ModelRequest`."""

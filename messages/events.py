@@ -1,0 +1,131 @@
+"""Turn events: what subscribers see of every session's work, children's included."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from msgspec import field
+
+from messages.base import Message
+from messages.ids import CallId, SessionId
+from messages.turns import FailReason
+
+__all__ = [
+    "Compacted",
+    "CompactionFailed",
+    "ModelAnswered",
+    "ModelRequestSent",
+    "SubagentFinished",
+    "SubagentStarted",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "TurnEnded",
+    "TurnEvent",
+    "TurnStarted",
+]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Event(Message, frozen=True, kw_only=True):
+    at: datetime = field(default_factory=_now)
+
+
+class TurnStarted(_Event, frozen=True):
+    """``session`` began a turn on ``slot``."""
+
+    session: SessionId
+    slot: int
+
+
+class ModelRequestSent(_Event, frozen=True):
+    """``session`` sent its model request number ``step`` (from 1) of this turn on ``slot``."""
+
+    session: SessionId
+    slot: int
+    step: int
+
+
+class ModelAnswered(_Event, frozen=True):
+    """The model answered ``session``'s request ``step``; ``tools`` names the calls it made."""
+
+    session: SessionId
+    step: int
+    content: str | None
+    tools: tuple[str, ...] = ()
+
+
+class ToolCallStarted(_Event, frozen=True):
+    """``session`` started its tool call ``call_id``."""
+
+    session: SessionId
+    call_id: CallId
+    name: str
+
+
+class ToolCallFinished(_Event, frozen=True):
+    """``session``'s tool call ``call_id`` has its result; ``denied`` if it was refused."""
+
+    session: SessionId
+    call_id: CallId
+    name: str
+    denied: bool = False
+
+
+class SubagentStarted(_Event, frozen=True):
+    """``session`` (the parent) spawned ``child`` for its call ``call_id``."""
+
+    session: SessionId
+    call_id: CallId
+    child: SessionId
+
+
+class SubagentFinished(_Event, frozen=True):
+    """``child`` answered ``session``'s call ``call_id``: completed, or failed for ``reason``."""
+
+    session: SessionId
+    call_id: CallId
+    child: SessionId
+    completed: bool
+    reason: FailReason | None = None
+
+
+class TurnEnded(_Event, frozen=True):
+    """``session``'s turn ended: completed, or failed for ``reason``."""
+
+    session: SessionId
+    completed: bool
+    reason: FailReason | None = None
+    detail: str = ""
+
+
+class Compacted(_Event, frozen=True):
+    """``session``'s history was summarised: ``before`` and ``after`` are transcript chars."""
+
+    session: SessionId
+    before: int
+    after: int
+
+
+class CompactionFailed(_Event, frozen=True):
+    """Compacting ``session`` failed; the turn's outcome stands and the history is kept."""
+
+    session: SessionId
+    detail: str
+
+
+TurnEvent = (
+    TurnStarted
+    | ModelRequestSent
+    | ModelAnswered
+    | ToolCallStarted
+    | ToolCallFinished
+    | SubagentStarted
+    | SubagentFinished
+    | TurnEnded
+    | Compacted
+    | CompactionFailed
+)
+"""Every event a subscriber can see."""

@@ -1,0 +1,46 @@
+"""Identifiers: session ids and call ids, and the one rule that checks a session id."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from msgspec import Meta
+
+__all__ = ["CallId", "SessionId", "check_session_id"]
+
+SessionId = Annotated[
+    str,
+    Meta(
+        description=(
+            "1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', starting with a letter "
+            "or digit. Checked by check_session_id wherever a message carries one."
+        )
+    ),
+]
+"""A session's id; also its address, its store key and a safe file name."""
+
+CallId = Annotated[int, Meta(ge=1, description="A tool call's number, per session, from 1.")]
+"""A tool call's number: counted per session from 1 and never reused."""
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_session_id(text: object) -> str:
+    """Return ``text`` if it is a valid session id; raise ``ValueError`` naming it otherwise.
+
+    Never truncates or rewrites: an id is either used exactly as given or refused.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"session id must be a string, not {type(text).__name__}: {text!r}")
+    if _SESSION_ID.fullmatch(text) is None:
+        if not text:
+            why = "it is empty"
+        elif len(text.encode("utf-8", "surrogatepass")) > 64:
+            why = "it is longer than 64 bytes"
+        elif not (text[0].isascii() and text[0].isalnum()):
+            why = "it must start with an ASCII letter or digit"
+        else:
+            why = "only ASCII letters, digits, '.', '_' and '-' are allowed"
+        raise ValueError(f"invalid session id {text!r}: {why}")
+    return text

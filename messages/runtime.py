@@ -1,0 +1,151 @@
+"""Messages between loopd's own actors: the store, the session actors and the port."""
+
+from __future__ import annotations
+
+from messages.base import Message
+from messages.chat import Baseline, ChatMessage
+from messages.ids import CallId, SessionId
+from messages.tools import ToolResult
+from messages.turns import TurnOutcome
+
+__all__ = [
+    "AppendMessages",
+    "Appended",
+    "CompactHistory",
+    "ContextStatus",
+    "Inspect",
+    "OpenSession",
+    "PortCall",
+    "RunTurn",
+    "SessionCrashed",
+    "SessionLoaded",
+    "SessionRecord",
+    "SessionTurnEnded",
+    "StoreFailed",
+    "ToolDone",
+]
+
+
+class SessionRecord(Message, frozen=True):
+    """A stored session as it is read back: its live history, counters and flag.
+
+    ``transcript`` holds the messages after the baseline that are not compacted away.
+    ``next_call_id`` is the id the session's next tool call takes.
+    """
+
+    id: SessionId
+    baseline: Baseline
+    slot: int
+    transcript: tuple[ChatMessage, ...]
+    turns: int
+    next_call_id: int
+    untrusted: bool
+
+
+class OpenSession(Message, frozen=True):
+    """Open ``session``, creating it with ``baseline`` on ``slot`` if it is not stored yet.
+
+    With ``create_only`` a stored session is an error (``StoreFailed(exists=True)``).
+    """
+
+    session: SessionId
+    baseline: Baseline
+    slot: int
+    reply_to: str
+    create_only: bool = False
+
+
+class SessionLoaded(Message, frozen=True):
+    """The store's answer to :class:`OpenSession`; ``created`` if it was new."""
+
+    record: SessionRecord
+    created: bool
+
+
+class StoreFailed(Message, frozen=True):
+    """A store operation on ``session`` failed; ``exists`` for a create of a known id."""
+
+    session: SessionId
+    detail: str
+    exists: bool = False
+    request_id: int = 0
+
+
+class AppendMessages(Message, frozen=True):
+    """Append ``messages`` to ``session`` and save its counters, in one transaction."""
+
+    session: SessionId
+    request_id: int
+    messages: tuple[ChatMessage, ...]
+    turns: int
+    next_call_id: int
+    untrusted: bool
+    reply_to: str
+
+
+class CompactHistory(Message, frozen=True):
+    """Mark ``session``'s live history compacted and append ``summary`` as its new history."""
+
+    session: SessionId
+    request_id: int
+    summary: ChatMessage
+    reply_to: str
+
+
+class Appended(Message, frozen=True):
+    """The store made request ``request_id`` of ``session`` durable."""
+
+    session: SessionId
+    request_id: int
+
+
+class RunTurn(Message, frozen=True):
+    """The Context tells a session actor to run one turn on ``text``."""
+
+    text: str
+    speaker: str | None = None
+
+
+class SessionTurnEnded(Message, frozen=True):
+    """A session actor tells the Context its turn (and its compaction) is over."""
+
+    session: SessionId
+    outcome: TurnOutcome
+    turns: int
+    untrusted: bool
+
+
+class SessionCrashed(Message, frozen=True):
+    """A session actor failed or was stopped while it held a turn."""
+
+    session: SessionId
+    detail: str
+
+
+class PortCall(Message, frozen=True):
+    """Run the port tool ``name`` for ``session``'s call ``call_id``; answer at ``reply_to``."""
+
+    session: SessionId
+    call_id: CallId
+    name: str
+    arguments: str
+    reply_to: str
+
+
+class ToolDone(Message, frozen=True):
+    """The result of ``session``'s tool call, from the port (or a call answered by the Context)."""
+
+    session: SessionId
+    result: ToolResult
+
+
+class Inspect(Message, frozen=True):
+    """Ask an actor what it holds: a session answers its :class:`SessionRecord`, the Context
+    its :class:`ContextStatus`. For the REPL and tests (``ref.ask(Inspect())``)."""
+
+
+class ContextStatus(Message, frozen=True):
+    """The Context's view: ids held by a running turn, and ids with a live actor."""
+
+    held: tuple[SessionId, ...]
+    live: tuple[SessionId, ...]

@@ -1,0 +1,77 @@
+"""Tool calls, tool results, tool specs and denials."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from msgspec import field
+
+from messages.base import Message
+from messages.ids import CallId
+
+__all__ = [
+    "DataClass",
+    "DenyReason",
+    "ToolCall",
+    "ToolResult",
+    "ToolSpec",
+    "denial_message",
+]
+
+
+class DataClass(enum.StrEnum):
+    """How sensitive a tool result's text is."""
+
+    PUBLIC = "public"
+    PRIVATE = "private"
+
+
+class DenyReason(enum.StrEnum):
+    """Why a tool call was refused without running."""
+
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNKNOWN_TOOL = "unknown_tool"
+    STEP_LIMIT = "step_limit"
+
+
+_DENIAL_TEXT = {
+    DenyReason.INVALID_ARGUMENTS: "the arguments are not valid for this tool",
+    DenyReason.UNKNOWN_TOOL: "there is no tool with this name",
+    DenyReason.STEP_LIMIT: "the turn reached its step limit before this call could run",
+}
+
+
+def denial_message(reason: DenyReason, detail: str | None = None) -> str:
+    """The tool text a denied call returns to the model.
+
+    ``denial_message(INVALID_ARGUMENTS, "task is required")`` is
+    ``Denied: the arguments are not valid for this tool: task is required.``
+    """
+    text = f"Denied: {_DENIAL_TEXT[reason]}"
+    return f"{text}: {detail}." if detail else f"{text}."
+
+
+class ToolCall(Message, frozen=True):
+    """One tool call of a model answer; ``arguments`` is the model's raw JSON text."""
+
+    id: CallId
+    name: str
+    arguments: str
+
+
+class ToolResult(Message, frozen=True):
+    """The answer to one tool call, as it goes back to the model."""
+
+    call_id: CallId
+    text: str
+    data_class: DataClass = DataClass.PUBLIC
+    untrusted: bool = False
+
+
+class ToolSpec(Message, frozen=True):
+    """A tool as the model sees it: a name, a description and a JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,124 @@
+"""Turns and subagents: the requests a user or a session sends, and their answers."""
+
+from __future__ import annotations
+
+import enum
+
+from messages.base import Message
+from messages.ids import CallId, SessionId, check_session_id
+
+__all__ = [
+    "FailReason",
+    "StartTurn",
+    "SubagentCompleted",
+    "SubagentFailed",
+    "SubagentRequest",
+    "SubagentResult",
+    "TurnCompleted",
+    "TurnFailed",
+    "TurnOutcome",
+]
+
+
+class FailReason(enum.StrEnum):
+    """Why a turn (or a subagent) ended without an answer."""
+
+    TURN_LIMIT = "turn_limit"
+    """The model still asked for tools after ``loop.max_steps`` requests."""
+    MODEL_ERROR = "model_error"
+    """The model endpoint failed or answered something unusable."""
+    BUSY = "busy"
+    """Someone already holds the session."""
+    CANCELLED = "cancelled"
+    """The turn was cancelled, or the runtime stopped under it."""
+    CRASHED = "crashed"
+    """The session's actor failed or was stopped during the turn."""
+    STORE_ERROR = "store_error"
+    """The session could not be created, opened or written."""
+    SPAWN_ERROR = "spawn_error"
+    """A child's baseline could not be built (for example, the memory source failed)."""
+
+
+class StartTurn(Message, frozen=True):
+    """Run one turn of ``session`` on ``text``; creates the session if it is new.
+
+    The answer (:class:`TurnCompleted` or :class:`TurnFailed`) goes to the ``reply_to`` address,
+    when one is given, and is also visible to event subscribers as a ``TurnEnded`` event.
+    """
+
+    session: SessionId
+    text: str
+    speaker: str | None = None
+    reply_to: str | None = None
+
+    def __post_init__(self) -> None:
+        check_session_id(self.session)
+
+
+class TurnCompleted(Message, frozen=True):
+    """A turn ended with the model's answer ``content``."""
+
+    session: SessionId
+    content: str
+
+    def __post_init__(self) -> None:
+        check_session_id(self.session)
+
+
+class TurnFailed(Message, frozen=True):
+    """A turn ended without an answer; ``detail`` says what happened, for a person."""
+
+    session: SessionId
+    reason: FailReason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        check_session_id(self.session)
+
+
+TurnOutcome = TurnCompleted | TurnFailed
+"""How a turn ended."""
+
+
+class SubagentRequest(Message, frozen=True):
+    """A session asks the Context to run ``task`` in a child session for its call ``call_id``."""
+
+    parent: SessionId
+    call_id: CallId
+    task: str
+
+    def __post_init__(self) -> None:
+        check_session_id(self.parent)
+
+
+class SubagentCompleted(Message, frozen=True):
+    """The child's turn completed; ``summary`` is its neutralised, capped answer."""
+
+    parent: SessionId
+    call_id: CallId
+    child: SessionId
+    summary: str
+    untrusted: bool
+
+    def __post_init__(self) -> None:
+        check_session_id(self.parent)
+        check_session_id(self.child)
+
+
+class SubagentFailed(Message, frozen=True):
+    """The child could not be run, or its turn failed (``TURN_LIMIT`` included)."""
+
+    parent: SessionId
+    call_id: CallId
+    child: SessionId
+    reason: FailReason
+    untrusted: bool
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        check_session_id(self.parent)
+        check_session_id(self.child)
+
+
+SubagentResult = SubagentCompleted | SubagentFailed
+"""What the Context sends the parent session for its pending ``subagent`` call."""

@@ -1,0 +1,380 @@
+"""The model client against a real HTTP server on 127.0.0.1: the wire body, answers, failures."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from actors.config import ModelConfig
+from actors.model import HttpChatModel, ModelFailure, encode_body, parse_answer, request_body
+from actors.testing.chat_server import ChatServer
+from actors.testing.script import Answer, RawResponse, call, calls, reply
+from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec
+
+ECHO = ToolSpec(
+    name="echo",
+    description="Repeat a text.",
+    parameters={"type": "object", "properties": {"text": {"type": "string"}}},
+)
+
+
+def make_request(
+    *messages: ChatMessage,
+    tools: tuple[ToolSpec, ...] = (ECHO,),
+    slot: int = 3,
+    request_id: int = 7,
+) -> ModelRequest:
+    if not messages:
+        messages = (ChatMessage("system", "Be brief."), ChatMessage("user", "hello"))
+    return ModelRequest(
+        session="s1",
+        request_id=request_id,
+        slot=slot,
+        messages=messages,
+        tools=tools,
+        reply_to="s1",
+    )
+
+
+@pytest.fixture
+def model_for() -> Any:
+    """Build HttpChatModels against a server (or URL) and close them all after the test."""
+    made: list[HttpChatModel] = []
+
+    def build(target: ChatServer | str, **config: Any) -> HttpChatModel:
+        url = target.base_url if isinstance(target, ChatServer) else target
+        model = HttpChatModel(ModelConfig(base_url=url, name="test-model", **config))
+        made.append(model)
+        return model
+
+    yield build
+    for model in made:
+        model.close()
+
+
+# --- the request body -------------------------------------------------------------------------
+
+
+def test_body_has_the_standard_shapes_and_llama_cpp_fields(model_for: Any) -> None:
+    request = make_request(
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "echo hi twice", name="alice"),
+        ChatMessage(
+            "assistant",
+            None,
+            tool_calls=(ToolCall(1, "echo", '{"text": "hi"}'), ToolCall(2, "echo", "{bad")),
+        ),
+        ChatMessage("tool", "hi", tool_call_id=1),
+        ChatMessage("tool", "Denied.", tool_call_id=2),
+        ChatMessage("assistant", "done"),
+        ChatMessage("user", "again"),
+    )
+    with ChatServer([reply("ok")]) as server:
+        answer = model_for(server).complete(request)
+        (body,) = server.requests
+
+    assert answer == ModelAnswer(session="s1", request_id=7, content="ok")
+    assert body == {
+        "model": "test-model",
+        "id_slot": 3,
+        "cache_prompt": True,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "echo hi twice", "name": "alice"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "echo", "arguments": '{"text": "hi"}'},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "echo", "arguments": "{bad"},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "hi"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "Denied."},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "again"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "echo",
+                    "description": "Repeat a text.",
+                    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+                },
+            }
+        ],
+    }
+
+
+def test_body_without_tools_has_no_tools_key() -> None:
+    body = request_body("m", make_request(tools=()))
+    assert "tools" not in body
+    assert body["id_slot"] == 3
+    assert body["cache_prompt"] is True
+
+
+def test_tool_message_without_call_id_cannot_be_sent(model_for: Any) -> None:
+    request = make_request(ChatMessage("system", "s"), ChatMessage("tool", "orphan"))
+    with pytest.raises(ValueError, match="tool_call_id"):
+        request_body("m", request)
+    # The client reports it as a ModelFailure, and sends nothing.
+    with ChatServer([]) as server:
+        with pytest.raises(ModelFailure, match="tool_call_id"):
+            model_for(server).complete(request)
+        assert server.requests == []
+
+
+def test_same_request_encodes_to_same_bytes() -> None:
+    first = make_request()
+    # Equal request, but the tool's schema dict was built in another key order.
+    reordered = ToolSpec(
+        name="echo",
+        description="Repeat a text.",
+        parameters={"properties": {"text": {"type": "string"}}, "type": "object"},
+    )
+    second = make_request(tools=(reordered,))
+    assert first == second
+    assert encode_body("m", first) == encode_body("m", first)
+    assert encode_body("m", first) == encode_body("m", second)
+
+
+def test_a_longer_transcript_keeps_the_byte_prefix() -> None:
+    # The server's prompt cache reuses a slot's prefix only if it is byte-identical.
+    shorter = make_request()
+    longer = make_request(
+        *shorter.messages,
+        ChatMessage("assistant", None, tool_calls=(ToolCall(1, "echo", '{"text":"x"}'),)),
+        ChatMessage("tool", "x", tool_call_id=1),
+    )
+    short_bytes = encode_body("m", shorter)
+    end_of_messages = short_bytes.index(b"]", short_bytes.index(b'"messages":'))
+    assert encode_body("m", longer).startswith(short_bytes[:end_of_messages])
+
+
+# --- answers ----------------------------------------------------------------------------------
+
+
+def test_tool_calls_are_parsed_with_raw_arguments_kept(model_for: Any) -> None:
+    script = [
+        calls(("echo", '{"text":  "hi"}'), ("echo", "{not json")),
+        call("subagent", task="look"),
+    ]
+    with ChatServer(script) as server:
+        model = model_for(server)
+        first = model.complete(make_request(request_id=1))
+        second = model.complete(make_request(request_id=2))
+        assert server.errors == []
+
+    assert first == ModelAnswer(
+        session="s1",
+        request_id=1,
+        content=None,
+        tool_calls=(
+            ProposedCall("echo", '{"text":  "hi"}'),
+            ProposedCall("echo", "{not json"),
+        ),
+    )
+    assert second.request_id == 2
+    assert second.tool_calls == (ProposedCall("subagent", '{"task": "look"}'),)
+
+
+def test_content_and_tool_calls_together(model_for: Any) -> None:
+    answer = Answer(content="let me look", tool_calls=(ProposedCall("echo", "{}"),))
+    with ChatServer([answer]) as server:
+        got = model_for(server).complete(make_request())
+    assert got.content == "let me look"
+    assert got.tool_calls == (ProposedCall("echo", "{}"),)
+
+
+def test_lenient_tool_call_shapes() -> None:
+    # No id, no type, arguments as an object, or missing: all accepted.
+    body = (
+        b'{"choices":[{"message":{"content":null,"tool_calls":['
+        b'{"function":{"name":"echo","arguments":{"text":"hi","n":[1,2]}}},'
+        b'{"function":{"name":"ping"}}]}}]}'
+    )
+    answer = parse_answer("s1", 4, body)
+    assert answer == ModelAnswer(
+        session="s1",
+        request_id=4,
+        content=None,
+        tool_calls=(
+            ProposedCall("echo", '{"text":"hi","n":[1,2]}'),
+            ProposedCall("ping", "{}"),
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "cause"),
+    [
+        (b"<html>oops</html>", "the model's answer is not valid JSON"),
+        (b"[1, 2]", "the model's answer is not a JSON object"),
+        (b"{}", "the model's answer has no choices"),
+        (b'{"choices": []}', "the model's answer has no choices"),
+        (b'{"choices": [{"index": 0}]}', "choice without a message"),
+        (b'{"choices": [{"message": {"content": 5}}]}', "content that is not text"),
+        (b'{"choices":[{"message":{"tool_calls":[{"function":{"name":""}}]}}]}', "function name"),
+        (b'{"choices":[{"message":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}', "name"),
+        (b'{"choices":[{"message":{"tool_calls":[{"id":"x"}]}}]}', "without a function"),
+        (b'{"choices":[{"message":{"tool_calls":{"a":1}}}]}', "tool_calls that are not a list"),
+    ],
+)
+def test_malformed_answers_are_refused(body: bytes, cause: str) -> None:
+    with pytest.raises(ModelFailure, match=cause):
+        parse_answer("s1", 1, body)
+
+
+# --- failures over the wire -------------------------------------------------------------------
+
+
+def test_http_error_names_the_status_and_the_body(model_for: Any) -> None:
+    long_body = b"server exploded " + b"x" * 500
+    with ChatServer([RawResponse(status=500, body=long_body)]) as server:
+        model = model_for(server)
+        with pytest.raises(ModelFailure) as caught:
+            model.complete(make_request())
+    message = str(caught.value)
+    assert message.startswith(f"the model at {model.url} answered HTTP 500: server exploded")
+    assert message.endswith(long_body[:200].decode())
+
+
+def test_body_not_json_over_http(model_for: Any) -> None:
+    with (
+        ChatServer([RawResponse(status=200, body=b"not json at all")]) as server,
+        pytest.raises(ModelFailure, match="the model's answer is not valid JSON"),
+    ):
+        model_for(server).complete(make_request())
+
+
+def test_no_choices_over_http(model_for: Any) -> None:
+    with (
+        ChatServer([RawResponse(body=b'{"choices": []}')]) as server,
+        pytest.raises(ModelFailure, match="the model's answer has no choices"),
+    ):
+        model_for(server).complete(make_request())
+
+
+def test_connection_refused(model_for: Any) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = model_for(f"http://127.0.0.1:{port}/v1/")  # a trailing slash is stripped
+    assert model.url == f"http://127.0.0.1:{port}/v1/chat/completions"
+    with pytest.raises(ModelFailure) as caught:
+        model.complete(make_request())
+    assert str(caught.value).startswith(f"cannot reach the model at {model.url}: ")
+
+
+def test_timeout(model_for: Any) -> None:
+    release = threading.Event()
+
+    def slow(body: dict[str, Any]) -> Answer:
+        release.wait(10)
+        return reply("too late")
+
+    try:
+        with ChatServer(slow) as server:
+            model = model_for(server, timeout_s=0.3)
+            with pytest.raises(ModelFailure) as caught:
+                model.complete(make_request())
+            assert str(caught.value) == f"the model at {model.url} did not answer within 0.3 s"
+    finally:
+        release.set()
+
+
+def test_script_running_out_is_an_http_500_and_recorded(model_for: Any) -> None:
+    with ChatServer([reply("one")]) as server:
+        model = model_for(server)
+        assert model.complete(make_request()).content == "one"
+        with pytest.raises(ModelFailure, match=r"answered HTTP 500: .*script ran out"):
+            model.complete(make_request())
+        assert len(server.requests) == 2
+        assert len(server.errors) == 1
+        assert "script ran out" in server.errors[0]
+
+
+def test_closed_client_fails_cleanly(model_for: Any) -> None:
+    with ChatServer([reply("never")]) as server:
+        model = model_for(server)
+        model.close()
+        with pytest.raises(ModelFailure, match="closed"):
+            model.complete(make_request())
+        assert server.requests == []
+
+
+# --- headers and concurrency ------------------------------------------------------------------
+
+
+def test_no_authorization_without_api_key(model_for: Any) -> None:
+    with ChatServer([reply("a")]) as server:
+        model_for(server).complete(make_request())
+        (headers,) = server.request_headers
+    assert "authorization" not in headers
+    assert headers["content-type"] == "application/json"
+
+
+def test_bearer_token_from_the_environment(model_for: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("LOOPD_TEST_KEY", "sekrit")
+    with ChatServer([reply("a")]) as server:
+        model_for(server, api_key_env="LOOPD_TEST_KEY").complete(make_request())
+        (headers,) = server.request_headers
+    assert headers["authorization"] == "Bearer sekrit"
+
+
+def test_unset_api_key_variable_sends_no_authorization(model_for: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("LOOPD_TEST_KEY", raising=False)
+    with ChatServer([reply("a")]) as server:
+        model_for(server, api_key_env="LOOPD_TEST_KEY").complete(make_request())
+        (headers,) = server.request_headers
+    assert "authorization" not in headers
+
+
+def test_concurrent_requests_are_in_flight_together(model_for: Any) -> None:
+    # Each answer waits until all three requests have arrived: only possible if the client
+    # lets them run at once. A serialising client breaks the barrier and gets HTTP 500s.
+    barrier = threading.Barrier(3, timeout=10)
+
+    def together(body: dict[str, Any]) -> Answer:
+        barrier.wait()
+        return reply(f"slot {body['id_slot']}")
+
+    with ChatServer(together) as server:
+        model = model_for(server)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = [
+                pool.submit(model.complete, make_request(slot=n, request_id=n)) for n in range(3)
+            ]
+            answers = [future.result() for future in futures]
+        assert server.errors == []
+    assert [(a.request_id, a.content) for a in answers] == [(n, f"slot {n}") for n in range(3)]
+
+
+# --- the fake server itself -------------------------------------------------------------------
+
+
+def test_chat_server_answers_404_elsewhere_and_waits_for_requests() -> None:
+    with ChatServer([reply("a")]) as server:
+        assert httpx.post(server.base_url + "/completions", json={}).status_code == 404
+        assert httpx.get(server.base_url + "/chat/completions").status_code == 404
+        with pytest.raises(AssertionError, match=r"expected 1 request\(s\) .* but 0 arrived"):
+            server.wait_for_requests(1, timeout=0.05)
+        answer = httpx.post(server.base_url + "/chat/completions", json={"model": "m"}).json()
+        assert server.wait_for_requests(1) == [{"model": "m"}]
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": "a"}
+    assert answer["choices"][0]["finish_reason"] == "stop"
