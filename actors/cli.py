@@ -61,6 +61,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """One turn against a real endpoint: the answer on stdout, events on stderr."""
+    check_session_id(args.session)  # before Runtime.start creates anything under home
     config = _config(args)
     with Runtime.start(config) as rt:
         if not args.quiet:
@@ -87,6 +88,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     config = _config(args)
     path = config.home_path / DB_NAME
     if not path.exists():
+        if args.action == "show":
+            raise StoreError(args.id, f"is not stored: {path} does not exist")
         print(f"no sessions: {path} does not exist")
         return 0
     with SessionStore(path) as store:

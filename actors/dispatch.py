@@ -139,7 +139,7 @@ def parse_json_object(arguments: str) -> dict[str, Any]:
     """Parse a tool's raw arguments; anything but a JSON object is an :class:`ArgumentError`."""
     try:
         value = msgspec.json.decode(arguments)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeError) as exc:
         raise ArgumentError(_NOT_AN_OBJECT) from exc
     if not isinstance(value, dict):
         raise ArgumentError(_NOT_AN_OBJECT)

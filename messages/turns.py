@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from messages.base import Message
-from messages.ids import CallId, SessionId, check_session_id
+from messages.ids import CallId, SessionId
 
 __all__ = [
     "FailReason",
@@ -51,18 +51,12 @@ class StartTurn(Message, frozen=True):
     speaker: str | None = None
     reply_to: str | None = None
 
-    def __post_init__(self) -> None:
-        check_session_id(self.session)
-
 
 class TurnCompleted(Message, frozen=True):
     """A turn ended with the model's answer ``content``."""
 
     session: SessionId
     content: str
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session)
 
 
 class TurnFailed(Message, frozen=True):
@@ -71,9 +65,6 @@ class TurnFailed(Message, frozen=True):
     session: SessionId
     reason: FailReason
     detail: str = ""
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session)
 
 
 TurnOutcome = TurnCompleted | TurnFailed
@@ -87,9 +78,6 @@ class SubagentRequest(Message, frozen=True):
     call_id: CallId
     task: str
 
-    def __post_init__(self) -> None:
-        check_session_id(self.parent)
-
 
 class SubagentCompleted(Message, frozen=True):
     """The child's turn completed; ``summary`` is its neutralised, capped answer."""
@@ -99,10 +87,6 @@ class SubagentCompleted(Message, frozen=True):
     child: SessionId
     summary: str
     untrusted: bool
-
-    def __post_init__(self) -> None:
-        check_session_id(self.parent)
-        check_session_id(self.child)
 
 
 class SubagentFailed(Message, frozen=True):
@@ -114,10 +98,6 @@ class SubagentFailed(Message, frozen=True):
     reason: FailReason
     untrusted: bool
     detail: str = ""
-
-    def __post_init__(self) -> None:
-        check_session_id(self.parent)
-        check_session_id(self.child)
 
 
 SubagentResult = SubagentCompleted | SubagentFailed

@@ -1,1 +1,25 @@
-"""loopd's test kit."""
+"""loopd's test kit: write message-level tests of your own agents with it.
+
+- :class:`Probe`: an actor with an address that records what it receives and ``expect``\\ s.
+- :class:`ScriptedModel`: an in-process model that answers from a script, recording requests.
+- :class:`ChatServer`: a fake OpenAI-compatible server on 127.0.0.1, scripted the same way.
+- :func:`reply`, :func:`call`, :func:`calls`: the answers a script is made of.
+- The pytest plugin (installed with loopd) gives the fixtures ``loopd_runtime``,
+  ``chat_server`` and ``probe``.
+"""
+
+from actors.testing.chat_server import ChatServer
+from actors.testing.model import ScriptedModel
+from actors.testing.probe import Probe
+from actors.testing.script import Answer, RawResponse, call, calls, reply
+
+__all__ = [
+    "Answer",
+    "ChatServer",
+    "Probe",
+    "RawResponse",
+    "ScriptedModel",
+    "call",
+    "calls",
+    "reply",
+]

@@ -1,0 +1,155 @@
+"""Probe: an actor that records what it receives, for message-level tests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+import pykka
+
+from actors.directory import Directory
+
+__all__ = ["DEFAULT_TIMEOUT", "Probe"]
+
+DEFAULT_TIMEOUT = 5.0
+"""Seconds an expectation waits when no timeout is given."""
+
+T = TypeVar("T")
+
+
+class _ProbeActor(pykka.ThreadingActor):
+    def __init__(self, probe: Probe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def on_receive(self, message: Any) -> None:
+        self.probe._record(message)
+
+
+class Probe:
+    """A real actor with an address that records every message it is told.
+
+    Give its :attr:`address` as a ``reply_to``, or subscribe it to events
+    (``rt.subscribe(probe.tell)``), then ``expect`` what should arrive::
+
+        probe = Probe.start(rt.directory)
+        rt.send_turn("s", "hi", reply_to=probe.address)
+        done = probe.expect(TurnCompleted)
+
+    ``expect`` waits for the first not yet expected message that matches, and takes it; a failed
+    expectation raises ``AssertionError`` listing everything that did arrive.
+    """
+
+    def __init__(self, directory: Directory | None = None, name: str = "probe") -> None:
+        self._cond = threading.Condition()
+        self._received: list[Any] = []
+        self._taken: set[int] = set()
+        self._ref: pykka.ActorRef[Any] = _ProbeActor.start(self)
+        self._directory = directory
+        self.address = directory.unique(name) if directory else name
+        if directory is not None:
+            directory.register(self.address, self)
+
+    @classmethod
+    def start(cls, directory: Directory | None = None, name: str = "probe") -> Probe:
+        """Start a probe, registered at a fresh address of ``directory`` if one is given."""
+        return cls(directory, name)
+
+    @property
+    def ref(self) -> pykka.ActorRef[Any]:
+        """The probe actor's ref."""
+        return self._ref
+
+    @property
+    def received(self) -> list[Any]:
+        """Every message received so far, in order (expected ones included)."""
+        with self._cond:
+            return list(self._received)
+
+    def tell(self, message: Any) -> None:
+        """Send ``message`` to the probe (what a directory does with its address)."""
+        self._ref.tell(message)
+
+    def _record(self, message: Any) -> None:
+        with self._cond:
+            self._received.append(message)
+            self._cond.notify_all()
+
+    @overload
+    def expect(self, what: type[T], timeout: float | None = None) -> T: ...
+    @overload
+    def expect(self, what: Callable[[Any], bool], timeout: float | None = None) -> Any: ...
+
+    def expect(self, what: Any, timeout: float | None = None) -> Any:
+        """Wait for a message of type ``what`` (or one for which ``what(msg)`` is true)."""
+        match = _matcher(what)
+        deadline = DEFAULT_TIMEOUT if timeout is None else timeout
+        with self._cond:
+            found: list[int] = []
+
+            def ready() -> bool:
+                for i, message in enumerate(self._received):
+                    if i not in self._taken and match(message):
+                        found.append(i)
+                        return True
+                return False
+
+            if not self._cond.wait_for(ready, deadline):
+                raise AssertionError(
+                    f"expected {_describe(what)} within {deadline} s; received {self._summary()}"
+                )
+            self._taken.add(found[0])
+            return self._received[found[0]]
+
+    def expect_all(self, what: Any, count: int, timeout: float | None = None) -> list[Any]:
+        """Wait for ``count`` matching messages and take them, in arrival order."""
+        return [self.expect(what, timeout) for _ in range(count)]
+
+    def expect_none(self, within: float = 0.2, what: Any = None) -> None:
+        """Assert that no new message (matching ``what``, if given) arrives ``within`` seconds."""
+        match = _matcher(what) if what is not None else (lambda _m: True)
+        with self._cond:
+            start = len(self._received)
+
+            def arrived() -> bool:
+                return any(match(m) for m in self._received[start:])
+
+            if self._cond.wait_for(arrived, within):
+                raise AssertionError(
+                    f"expected no {_describe(what) if what else 'message'} within {within} s; "
+                    f"received {self._received[start:]!r}"
+                )
+
+    def _summary(self) -> str:
+        if not self._received:
+            return "nothing"
+        lines = [
+            f"\n  {'(taken) ' if i in self._taken else ''}{m!r}"
+            for i, m in enumerate(self._received)
+        ]
+        return f"{len(self._received)} message(s):" + "".join(lines)
+
+    def stop(self) -> None:
+        """Stop the probe actor and free its address."""
+        if self._directory is not None:
+            self._directory.unregister(self.address, self)
+        self._ref.stop()
+
+
+def _matcher(what: Any) -> Callable[[Any], bool]:
+    if isinstance(what, type):
+        return lambda message: isinstance(message, what)
+    if isinstance(what, tuple) and all(isinstance(t, type) for t in what):
+        return lambda message: isinstance(message, what)
+    if callable(what):
+        return what  # type: ignore[no-any-return]
+    raise TypeError(f"expect takes a type or a predicate, not {what!r}")
+
+
+def _describe(what: Any) -> str:
+    if isinstance(what, type):
+        return f"a {what.__name__}"
+    if isinstance(what, tuple):
+        return "one of " + ", ".join(t.__name__ for t in what)
+    return f"a message matching {getattr(what, '__name__', repr(what))}"

@@ -1,0 +1,488 @@
+"""The ``loopd`` command line, run as a real subprocess (SPEC 10).
+
+Every run gets ``HOME`` pointed at the test's temporary folder, so nothing touches ``~/.loopd``.
+Model endpoints are the test kit's fake chat server on 127.0.0.1; ``loopd demo`` is offline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.testing import ChatServer, RawResponse, call, reply
+from actors.testing.script import Answer
+
+TIMEOUT_S = 60
+
+# One rendered event line: "HH:MM:SS " + "│ " per depth + session + two spaces + what happened.
+EVENT_LINE = re.compile(r"^\d\d:\d\d:\d\d (?P<indent>(?:│ )*)(?P<session>\S+)  (?P<what>.*)$")
+
+Server = Callable[..., ChatServer]
+
+
+def loopd(home: Path, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m actors.cli ARGS`` with HOME (and the working folder) at ``home``."""
+    env = dict(os.environ, HOME=str(home))
+    return subprocess.run(
+        [sys.executable, "-m", "actors.cli", *map(str, args)],
+        cwd=home,
+        env=env,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def events(text: str) -> list[tuple[int, str, str]]:
+    """The event lines of ``text`` as (depth, session, what), in order; other lines skipped."""
+    found = []
+    for line in text.splitlines():
+        m = EVENT_LINE.match(line)
+        if m:
+            found.append((len(m["indent"]) // 2, m["session"], m["what"]))
+    return found
+
+
+def index_of(items: list[tuple[int, str, str]], depth: int, session: str, what: str) -> int:
+    """The position of the first event of ``session`` at ``depth`` whose text starts ``what``."""
+    for i, (d, s, w) in enumerate(items):
+        if d == depth and s == session and w.startswith(what):
+            return i
+    raise AssertionError(f"no event {depth} {session} {what!r} in:\n" + "\n".join(map(str, items)))
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout, result.stdout
+
+
+def last_user(body: dict[str, Any]) -> str:
+    users = [m for m in body["messages"] if m["role"] == "user"]
+    return str(users[-1]["content"]) if users else ""
+
+
+# --- loopd demo ---
+
+
+@pytest.fixture(scope="module")
+def demo_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One ``loopd demo --home D`` for the tests that read its output or its store."""
+    base = tmp_path_factory.mktemp("demo")
+    home = base / "D"
+    result = loopd(base, "demo", "--home", home)
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    return home, result.stdout
+
+
+def test_demo_runs_offline_with_a_temporary_store(tmp_path: Path) -> None:
+    result = loopd(tmp_path, "demo")
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    assert "demo → you: " in result.stdout
+    assert "sub-demo-1 completed" in result.stdout
+    # The default demo keeps nothing: no ~/.loopd under HOME.
+    assert not (tmp_path / ".loopd").exists()
+
+
+def test_demo_prints_the_live_tree_in_order(demo_home: tuple[Path, str]) -> None:
+    _, out = demo_home
+    tree = events(out)
+
+    parent_start = index_of(tree, 0, "demo", "turn started on slot 0")
+    spawn_child = index_of(tree, 0, "demo", "┬ spawns sub-demo-1 for call 1")
+    child_start = index_of(tree, 1, "sub-demo-1", "turn started on slot 1")
+    spawn_grand = index_of(tree, 1, "sub-demo-1", "┬ spawns sub-sub-demo-1-1 for call 1")
+    grand_start = index_of(tree, 2, "sub-sub-demo-1-1", "turn started on slot 1")
+    clock_call = index_of(tree, 2, "sub-sub-demo-1-1", "  call 1 clock …")
+    clock_done = index_of(tree, 2, "sub-sub-demo-1-1", "  call 1 clock done")
+    grand_done = index_of(tree, 2, "sub-sub-demo-1-1", "turn completed")
+    grand_reported = index_of(tree, 1, "sub-demo-1", "┴ sub-sub-demo-1-1 completed")
+    child_done = index_of(tree, 1, "sub-demo-1", "turn completed")
+    child_reported = index_of(tree, 0, "demo", "┴ sub-demo-1 completed")
+    parent_done = index_of(tree, 0, "demo", "turn completed")
+    assert (
+        parent_start
+        < spawn_child
+        < child_start
+        < spawn_grand
+        < grand_start
+        < clock_call
+        < clock_done
+        < grand_done
+        < grand_reported
+        < child_done
+        < child_reported
+        < parent_done
+    )
+
+    # Model requests name the session's slot: 0 for the parent, 1 for both children.
+    index_of(tree, 0, "demo", "→ model request 1 (slot 0)")
+    index_of(tree, 1, "sub-demo-1", "→ model request 1 (slot 1)")
+    index_of(tree, 2, "sub-sub-demo-1-1", "→ model request 1 (slot 1)")
+
+    # Each session's lines carry its own depth, never another.
+    depths = {session: {d for d, s, _ in tree if s == session} for _, session, _ in tree}
+    assert depths == {"demo": {0}, "sub-demo-1": {1}, "sub-sub-demo-1-1": {2}}
+
+    # The final answer comes after the tree and carries the child's completion.
+    lines = out.splitlines()
+    answer_at = next(i for i, line in enumerate(lines) if line.startswith("demo → you: "))
+    last_event_at = max(i for i, line in enumerate(lines) if EVENT_LINE.match(line))
+    assert answer_at > last_event_at
+    answer = "\n".join(lines[answer_at:])
+    assert "sub-demo-1 completed" in answer
+    assert "sub-sub-demo-1-1 completed" in answer
+    assert re.search(r"The clock says \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\.", answer)
+
+
+def test_sessions_lists_the_demo_store(demo_home: tuple[Path, str], tmp_path: Path) -> None:
+    home, _ = demo_home
+    result = loopd(tmp_path, "sessions", "--home", home)
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert set(rows) == {"demo", "sub-demo-1", "sub-sub-demo-1-1"}
+    assert rows["demo"][:3] == ["0", "1", "no"]
+    assert rows["sub-demo-1"][:3] == ["1", "1", "no"]
+    assert rows["sub-sub-demo-1-1"][:3] == ["1", "1", "no"]
+
+
+def test_sessions_show_a_child_with_options_after_the_id(
+    demo_home: tuple[Path, str], tmp_path: Path
+) -> None:
+    home, _ = demo_home
+    result = loopd(tmp_path, "sessions", "show", "sub-demo-1", "--home", home)
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    out = result.stdout
+    assert re.search(r"^session\s+sub-demo-1$", out, re.M)
+    assert re.search(r"^slot\s+1$", out, re.M)
+    assert re.search(r"^turns\s+1$", out, re.M)
+    assert re.search(r"^untrusted\s+no$", out, re.M)
+    assert re.search(r"^children\s+sub-sub-demo-1-1$", out, re.M)
+    # The transcript: the child's user text opens with the time, then its task.
+    assert re.search(r"^\[1\] user$", out, re.M)
+    assert re.search(r"^    It is \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\.$", out, re.M)
+    assert "Find out what time it is" in out
+    assert "subagent(" in out
+    assert "sub-sub-demo-1-1 completed" in out
+
+
+def test_sessions_show_with_options_before_the_action(
+    demo_home: tuple[Path, str], tmp_path: Path
+) -> None:
+    home, _ = demo_home
+    result = loopd(tmp_path, "sessions", "--home", home, "show", "sub-sub-demo-1-1")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^session\s+sub-sub-demo-1-1$", result.stdout, re.M)
+    assert re.search(r"^children\s+-$", result.stdout, re.M)
+    assert "clock" in result.stdout
+
+
+def test_sessions_show_unknown_id_fails_clearly(
+    demo_home: tuple[Path, str], tmp_path: Path
+) -> None:
+    home, _ = demo_home
+    result = loopd(tmp_path, "sessions", "show", "nope", "--home", home)
+    assert result.returncode != 0
+    no_traceback(result)
+    assert "nope" in result.stderr
+    assert result.stdout == ""
+
+
+def test_sessions_show_unknown_id_fails_on_an_empty_home_too(tmp_path: Path) -> None:
+    # Same question, no store yet: "nope" is no more stored than with a store; exit non-zero.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = loopd(tmp_path, "sessions", "show", "nope", "--home", empty)
+    no_traceback(result)
+    assert result.returncode != 0, result.stdout
+    assert "nope" in result.stderr
+
+
+def test_sessions_show_invalid_id_is_refused(demo_home: tuple[Path, str], tmp_path: Path) -> None:
+    home, _ = demo_home
+    result = loopd(tmp_path, "sessions", "show", "../x", "--home", home)
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "../x" in result.stderr
+
+
+def test_sessions_show_without_an_id_is_a_usage_error(tmp_path: Path) -> None:
+    result = loopd(tmp_path, "sessions", "show", "--home", tmp_path)
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "usage:" in result.stderr
+
+
+def test_sessions_on_an_empty_home_says_there_are_none(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = loopd(tmp_path, "sessions", "--home", empty)
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    assert "no sessions" in result.stdout
+    assert list(empty.iterdir()) == []
+
+
+# --- loopd run ---
+
+
+def test_run_one_turn_answer_on_stdout_events_on_stderr(
+    chat_server: Server, tmp_path: Path
+) -> None:
+    server = chat_server([reply("Hello, human.")])
+    home = tmp_path / "D"
+    result = loopd(
+        tmp_path,
+        "run",
+        "--base-url",
+        server.base_url,
+        "--model",
+        "m",
+        "--home",
+        home,
+        "--session",
+        "s1",
+        "hello",
+    )
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    assert result.stdout == "Hello, human.\n"
+    tree = events(result.stderr)
+    assert index_of(tree, 0, "s1", "turn started on slot 0") < index_of(
+        tree, 0, "s1", "turn completed"
+    )
+
+    assert len(server.requests) == 1
+    body = server.requests[0]
+    assert body["model"] == "m"
+    assert body["id_slot"] == 0
+    assert body["cache_prompt"] is True
+    assert body["messages"][-1] == {"role": "user", "content": "hello"}
+    assert server.errors == []
+
+    # The session is stored in --home, and nowhere else.
+    assert (home / "loopd.db").exists()
+    assert not (tmp_path / ".loopd").exists()
+    shown = loopd(tmp_path, "sessions", "show", "s1", "--home", home)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"^turns\s+1$", shown.stdout, re.M)
+    assert "Hello, human." in shown.stdout
+
+
+def test_run_quiet_prints_only_the_answer(chat_server: Server, tmp_path: Path) -> None:
+    server = chat_server([reply("ok")])
+    result = loopd(
+        tmp_path, "run", "-q", "--base-url", server.base_url, "--home", tmp_path / "D", "hi"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n"
+    assert result.stderr == ""
+
+
+def test_run_defaults_to_session_main_under_home_dot_loopd(
+    chat_server: Server, tmp_path: Path
+) -> None:
+    server = chat_server([reply("ok")])
+    result = loopd(tmp_path, "run", "--base-url", server.base_url, "hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n"
+    # HOME is tmp_path, so the default home is tmp_path/.loopd, and the session is "main".
+    assert (tmp_path / ".loopd" / "loopd.db").exists()
+    assert "main  turn started on slot 0" in result.stderr
+    listed = loopd(tmp_path, "sessions")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == ["main"]
+
+
+def test_run_with_a_subagent(chat_server: Server, tmp_path: Path) -> None:
+    def script(body: dict[str, Any]) -> Answer:
+        last = body["messages"][-1]
+        if body["id_slot"] == 1:
+            assert last_user(body).startswith("It is ")
+            return reply("child says the sky is blue")
+        if last["role"] == "user":
+            return call("subagent", task="look at the sky")
+        assert last["role"] == "tool"
+        return reply(f"parent got: {last['content']}")
+
+    server = chat_server(script)
+    home = tmp_path / "D"
+    result = loopd(
+        tmp_path,
+        "run",
+        "--base-url",
+        server.base_url,
+        "--model",
+        "m",
+        "--home",
+        home,
+        "--session",
+        "s1",
+        "hello",
+    )
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    assert server.errors == []
+    assert "sub-s1-1 completed" in result.stdout
+    assert result.stdout == "parent got: sub-s1-1 completed\nchild says the sky is blue\n"
+
+    requests = server.requests
+    assert [r["id_slot"] for r in requests] == [0, 1, 0]
+    child = requests[1]
+    assert last_user(child).startswith("It is ")
+    assert last_user(child).endswith("\n\nlook at the sky")
+    assert all("hello" not in str(m.get("content")) for m in child["messages"])
+    # The parent's second request extends its first: the server's prompt cache stays valid.
+    first, second = requests[0]["messages"], requests[2]["messages"]
+    assert second[: len(first)] == first
+
+    tree = events(result.stderr)
+    assert (
+        index_of(tree, 0, "s1", "┬ spawns sub-s1-1 for call 1")
+        < index_of(tree, 1, "sub-s1-1", "turn started on slot 1")
+        < index_of(tree, 1, "sub-s1-1", "turn completed")
+        < index_of(tree, 0, "s1", "┴ sub-s1-1 completed")
+        < index_of(tree, 0, "s1", "turn completed")
+    )
+
+
+def test_run_model_http_500_exits_1(chat_server: Server, tmp_path: Path) -> None:
+    server = chat_server([RawResponse(status=500, body=b'{"error": "boom"}')])
+    result = loopd(
+        tmp_path, "run", "--base-url", server.base_url, "--home", tmp_path / "D", "hello"
+    )
+    assert result.returncode == 1
+    no_traceback(result)
+    assert result.stdout == ""
+    assert "model_error" in result.stderr
+    assert "HTTP 500" in result.stderr
+    assert len(server.requests) == 1
+
+
+def test_run_model_unreachable_exits_1(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    result = loopd(tmp_path, "run", "--base-url", url, "--home", tmp_path / "D", "hello")
+    assert result.returncode == 1
+    no_traceback(result)
+    assert result.stdout == ""
+    assert "model_error" in result.stderr
+    assert "cannot reach the model" in result.stderr
+    assert url in result.stderr
+
+
+def test_run_invalid_session_id_exits_2_and_stores_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "D"
+    result = loopd(tmp_path, "run", "--home", home, "--session", "../x", "hi")
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "../x" in result.stderr
+    assert "invalid session id" in result.stderr
+    # Refused before anything is stored: no store file in --home.
+    assert not (home / "loopd.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("[model]\nbogus = 1\n", "bogus"),
+        ("surprise = true\n", "surprise"),
+        ('[loop]\nmax_steps = "many"\n', "max_steps"),
+    ],
+)
+def test_run_bad_config_exits_2_naming_the_key(tmp_path: Path, toml: str, key: str) -> None:
+    config = tmp_path / "loopd.toml"
+    config.write_text(toml)
+    home = tmp_path / "D"
+    result = loopd(tmp_path, "run", "--config", config, "--home", home, "hi")
+    assert result.returncode == 2
+    no_traceback(result)
+    assert key in result.stderr
+    assert not home.exists()
+
+
+def test_run_missing_config_file_exits_2(tmp_path: Path) -> None:
+    result = loopd(tmp_path, "run", "--config", tmp_path / "nope.toml", "hi")
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "nope.toml" in result.stderr
+
+
+def test_run_uses_the_config_file(chat_server: Server, tmp_path: Path) -> None:
+    server = chat_server([reply("from the file")])
+    home = tmp_path / "configured"
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{home}"\n\n[model]\nbase_url = "{server.base_url}"\nname = "file-model"\n'
+    )
+    result = loopd(tmp_path, "run", "--config", config, "--session", "c1", "hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "from the file\n"
+    assert [r["model"] for r in server.requests] == ["file-model"]
+    assert (home / "loopd.db").exists()
+
+
+def test_run_flags_override_the_config_file(chat_server: Server, tmp_path: Path) -> None:
+    server = chat_server([reply("overridden")])
+    file_home = tmp_path / "configured"
+    flag_home = tmp_path / "flagged"
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{file_home}"\n\n[model]\nbase_url = "{server.base_url}"\nname = "file-model"\n'
+    )
+    result = loopd(
+        tmp_path, "run", "--config", config, "--model", "cli-model", "--home", flag_home, "hi"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "overridden\n"
+    assert [r["model"] for r in server.requests] == ["cli-model"]
+    assert (flag_home / "loopd.db").exists()
+    assert not file_home.exists()
+
+
+def test_run_base_url_flag_overrides_the_config_file(chat_server: Server, tmp_path: Path) -> None:
+    server = chat_server([reply("from the flag's server")])
+    config = tmp_path / "loopd.toml"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    config.write_text(f'[model]\nbase_url = "{dead}"\nname = "file-model"\n')
+    result = loopd(
+        tmp_path,
+        "run",
+        "--config",
+        config,
+        "--base-url",
+        server.base_url,
+        "--home",
+        tmp_path / "D",
+        "hi",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "from the flag's server\n"
+    assert [r["model"] for r in server.requests] == ["file-model"]
+
+
+def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
+    result = loopd(tmp_path)
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "usage:" in result.stderr
