@@ -1,0 +1,3 @@
+"""loopd's own suite uses the public test kit (the pytest11 plugin) and pytest's pytester."""
+
+pytest_plugins = ["pytester"]
