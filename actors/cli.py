@@ -1,4 +1,4 @@
-"""The ``loopd`` command line: demo, run, sessions."""
+"""The ``loopd`` command line: demo, run, repl, sessions."""
 
 from __future__ import annotations
 
@@ -72,6 +72,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     print(f"loopd: the turn failed: {outcome.reason}: {outcome.detail}", file=sys.stderr)
     return 1
+
+
+def cmd_repl(args: argparse.Namespace) -> int:
+    """An interactive Python console with a started runtime (see actors.repl)."""
+    from actors.repl import run_repl
+
+    return run_repl(_config(args), scripted=args.scripted)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -163,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
     run.add_argument("text", help="what to say")
     run.set_defaults(fn=cmd_run)
+
+    repl = sub.add_parser("repl", help="a Python console with a started runtime")
+    common(repl)
+    repl.add_argument("--base-url", help="the endpoint, up to /chat/completions")
+    repl.add_argument("--model", help="the model name sent with each request")
+    repl.add_argument("--scripted", action="store_true", help="offline, on the demo's model")
+    repl.set_defaults(fn=cmd_repl)
 
     sessions = sub.add_parser("sessions", help="list stored sessions, or show one")
     common(sessions)

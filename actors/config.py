@@ -7,13 +7,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
+from croniter import croniter
 from msgspec import Meta, field
+
+from messages import check_session_id
 
 __all__ = [
     "CompactConfig",
     "Config",
     "ConfigError",
+    "CronJob",
+    "HeartbeatConfig",
     "LoopConfig",
+    "MemoryConfig",
     "ModelConfig",
     "SlotsConfig",
 ]
@@ -45,6 +51,12 @@ class ModelConfig(_Section, frozen=True):
     """Seconds one request may take, connect to last byte."""
     concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
     """How many model requests may be in flight at once (each on its own worker actor)."""
+    retries: Annotated[int, Meta(ge=0, le=10)] = 2
+    """Extra attempts after a failure a retry can help (no connection, 429, 5xx, timeout)."""
+    retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.5
+    """The first retry's wait; each further retry waits twice as long."""
+    retry_max_wait_s: Annotated[float, Meta(ge=0)] = 30.0
+    """The longest wait before a retry, a server's Retry-After included."""
 
     def api_key(self) -> str | None:
         """The bearer token from ``api_key_env``, or None."""
@@ -67,6 +79,14 @@ class LoopConfig(_Section, frozen=True):
     """Characters of one tool result (and of a subagent's task) kept."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """The system prompt every new session's baseline starts with."""
+    max_depth: Annotated[int, Meta(ge=0)] = 4
+    """How deep children may nest: a top-level session is depth 0, its child depth 1."""
+    max_children: Annotated[int, Meta(ge=1)] = 8
+    """Children one session may have running at once; more calls are denied."""
+    max_children_total: Annotated[int, Meta(ge=1)] = 64
+    """Children the whole runtime may have running at once; more calls are denied."""
+    child_timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    """Seconds a child's turn may take before its parent is answered failed (none: no limit)."""
 
 
 class CompactConfig(_Section, frozen=True):
@@ -76,6 +96,45 @@ class CompactConfig(_Section, frozen=True):
     """Cap of a compaction summary and of a subagent's summary to its parent."""
     threshold_chars: Annotated[int, Meta(ge=1)] = 200_000
     """A transcript longer than this (in characters, after the baseline) is compacted."""
+
+
+class MemoryConfig(_Section, frozen=True):
+    """``[memory]``: the file every new baseline reads, and who may write to it."""
+
+    file: str = "MEMORY.md"
+    """The memory file, relative to ``home`` (or absolute)."""
+    allow_untrusted_writes: bool = False
+    """Whether an untrusted session may use the ``remember`` tool."""
+
+
+class CronJob(_Section, frozen=True):
+    """One ``[[cron]]`` entry: a turn on ``session`` with ``prompt`` at each ``schedule`` time."""
+
+    session: str
+    """The session the turn runs in."""
+    schedule: str
+    """A five-field cron expression, evaluated in UTC (``0 7 * * 1-5``)."""
+    prompt: str
+    """The turn's text, after the ``It is <now>.`` line."""
+
+    def __post_init__(self) -> None:
+        check_session_id(self.session)
+        if len(self.schedule.split()) != 5 or not croniter.is_valid(self.schedule):
+            raise ValueError(f"not a five-field cron expression: {self.schedule!r}")
+
+
+class HeartbeatConfig(_Section, frozen=True):
+    """``[heartbeat]``: a turn on ``session`` every ``every_s`` seconds, prompted by ``file``."""
+
+    session: str
+    """The session the turn runs in."""
+    every_s: Annotated[float, Meta(gt=0)]
+    """Seconds between two heartbeats."""
+    file: str = "HEARTBEAT.md"
+    """The prompt file, relative to ``home``; read afresh at each heartbeat."""
+
+    def __post_init__(self) -> None:
+        check_session_id(self.session)
 
 
 def _default_home() -> str:
@@ -91,6 +150,11 @@ class Config(_Section, frozen=True):
     slots: SlotsConfig = field(default_factory=SlotsConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     compact: CompactConfig = field(default_factory=CompactConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    cron: tuple[CronJob, ...] = ()
+    """``[[cron]]`` jobs."""
+    heartbeat: HeartbeatConfig | None = None
+    """``[heartbeat]``, if any."""
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,17 +14,22 @@ import pykka
 
 from actors.config import Config
 from actors.directory import CONTEXT, EVENTS, STORE, Directory, session_address
-from actors.dispatch import ArgumentError, Registry, child_id
+from actors.dispatch import ArgumentError, Registry, child_id, descends_from
 from actors.memory import MemorySource
 from actors.session import SessionActor, SessionEnv
 from actors.spawn import build_baseline, child_summary, child_text
 from messages import (
+    Cancel,
+    CancelTurn,
+    ChildTimedOut,
     ContextStatus,
     DenyReason,
     FailReason,
     Inspect,
+    JobSkipped,
     OpenSession,
     RunTurn,
+    ScheduledTurn,
     SessionCrashed,
     SessionLoaded,
     SessionTurnEnded,
@@ -57,6 +64,10 @@ class Hold:
     reply_to: str | None = None
     parent: str | None = None
     call_id: int = 0
+    spawn: int = 0
+    """A child's spawn number, so a late timer of an earlier child is recognised."""
+    answered: bool = False
+    """The waiter has its answer already (a child that timed out is still winding down)."""
 
     @property
     def is_child(self) -> bool:
@@ -88,6 +99,14 @@ class HoldTable:
     def held(self) -> tuple[str, ...]:
         """Every held id, sorted."""
         return tuple(sorted(self._holds))
+
+    def family(self, session: str) -> tuple[str, ...]:
+        """Held ids among ``session`` and its descendants (``sub-<session>-<n>``, deeper too)."""
+        return tuple(s for s in self.held() if s == session or descends_from(s, session))
+
+    def children(self) -> int:
+        """How many children's turns are held."""
+        return sum(1 for hold in self._holds.values() if hold.is_child)
 
     def drain(self) -> list[Hold]:
         """Release everything; returns what was held."""
@@ -121,19 +140,26 @@ class ContextActor(pykka.ThreadingActor):
         self.clock = clock
         self.holds = HoldTable()
         self.live: dict[str, pykka.ActorRef[Any]] = {}
+        self.timers: dict[str, threading.Timer] = {}
+        self.spawns = itertools.count(1)
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
 
     def on_stop(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
         # Nobody may be left waiting: every held turn is answered CANCELLED.
         for hold in self.holds.drain():
-            self._answer_failure(hold, FailReason.CANCELLED, "the runtime stopped")
+            if not hold.answered:
+                self._answer_failure(hold, FailReason.CANCELLED, "the runtime stopped")
         self.directory.unregister(CONTEXT, self.actor_ref)
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, StartTurn):
             self._start_turn(message)
+        elif isinstance(message, ScheduledTurn):
+            self._scheduled(message)
         elif isinstance(message, SubagentRequest):
             self._spawn(message)
         elif isinstance(message, SessionLoaded):
@@ -144,6 +170,10 @@ class ContextActor(pykka.ThreadingActor):
             self._turn_ended(message)
         elif isinstance(message, SessionCrashed):
             self._crashed(message)
+        elif isinstance(message, CancelTurn):
+            return self._cancel(message.session, FailReason.CANCELLED, message.detail)
+        elif isinstance(message, ChildTimedOut):
+            self._timed_out(message)
         elif isinstance(message, Inspect):
             return ContextStatus(held=self.holds.held(), live=tuple(sorted(self.live)))
         else:
@@ -160,6 +190,16 @@ class ContextActor(pykka.ThreadingActor):
             return
         self._open(hold, self.config.slots.main)
 
+    def _scheduled(self, msg: ScheduledTurn) -> None:
+        # A job never piles onto a session that is busy, or waiting for its children.
+        busy = self.holds.family(msg.session)
+        if busy:
+            skipped = JobSkipped(session=msg.session, job=msg.job, held=busy)
+            self._emit(skipped)
+            self.directory.tell(msg.reply_to, skipped)
+            return
+        self._start_turn(StartTurn(msg.session, msg.text, None, msg.reply_to))
+
     # A child's turn (SPEC 5, steps 1 to 4).
 
     def _spawn(self, msg: SubagentRequest) -> None:
@@ -170,14 +210,28 @@ class ContextActor(pykka.ThreadingActor):
             reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
             self.directory.tell(session_address(msg.parent), reply)
             return
+        limit = self.config.loop.max_children_total
+        if self.holds.children() >= limit:
+            detail = f"the runtime already runs {limit} children (loop.max_children_total)"
+            text = denial_message(DenyReason.LIMIT, detail)
+            reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
+            self.directory.tell(session_address(msg.parent), reply)
+            return
         cap = self.config.loop.tool_result_cap
         text = child_text(msg.task, cap, self.clock())
-        hold = Hold(child, text, parent=msg.parent, call_id=msg.call_id)
+        spawn = next(self.spawns)
+        hold = Hold(child, text, parent=msg.parent, call_id=msg.call_id, spawn=spawn)
         if not self.holds.hold(hold):
             detail = f"session {child} is held already"
             self._answer_failure(hold, FailReason.BUSY, detail, turn_began=False)
             return
         self._emit(SubagentStarted(session=msg.parent, call_id=msg.call_id, child=child))
+        timeout = self.config.loop.child_timeout_s
+        if timeout is not None:
+            timer = threading.Timer(timeout, self.actor_ref.tell, [ChildTimedOut(child, spawn)])
+            timer.daemon = True
+            self.timers[child] = timer
+            timer.start()
         self._open(hold, self.config.slots.background)
 
     def _open(self, hold: Hold, slot: int) -> None:
@@ -207,9 +261,15 @@ class ContextActor(pykka.ThreadingActor):
         self.live[session] = ref
         ref.tell(self._run_turn(hold))
 
+    def _release(self, session: str) -> Hold | None:
+        timer = self.timers.pop(session, None)
+        if timer is not None:
+            timer.cancel()
+        return self.holds.release(session)
+
     def _store_failed(self, msg: StoreFailed) -> None:
-        hold = self.holds.release(msg.session)
-        if hold is not None:
+        hold = self._release(msg.session)
+        if hold is not None and not hold.answered:
             self._answer_failure(hold, FailReason.STORE_ERROR, msg.detail)
 
     # Ends (SPEC 5, steps 6 and 7).
@@ -219,7 +279,7 @@ class ContextActor(pykka.ThreadingActor):
         if hold is None:
             return
         if hold.parent is None:
-            self.holds.release(msg.session)
+            self._release(msg.session)
             self.directory.tell(hold.reply_to, msg.outcome)
             return
         try:
@@ -230,7 +290,9 @@ class ContextActor(pykka.ThreadingActor):
         ref = self.live.pop(msg.session, None)
         if ref is not None:
             ref.stop(block=False)
-        self.holds.release(msg.session)
+        self._release(msg.session)
+        if hold.answered:
+            return
         outcome = msg.outcome
         if isinstance(outcome, TurnCompleted):
             summary = child_summary(outcome.content, self.config.compact.summary_chars)
@@ -261,9 +323,36 @@ class ContextActor(pykka.ThreadingActor):
 
     def _crashed(self, msg: SessionCrashed) -> None:
         self.live.pop(msg.session, None)
-        hold = self.holds.release(msg.session)
-        if hold is not None:
+        hold = self._release(msg.session)
+        if hold is not None and not hold.answered:
             self._answer_failure(hold, FailReason.CRASHED, msg.detail)
+
+    # Cancellation and time limits.
+
+    def _cancel(self, session: str, reason: FailReason, detail: str) -> tuple[str, ...]:
+        """Cancel the held turns of ``session`` and its descendants; returns their ids."""
+        family = self.holds.family(session)
+        for held in family:
+            ref = self.live.get(held)
+            if ref is not None:
+                ref.tell(Cancel(reason, detail))  # it answers through SessionTurnEnded
+                continue
+            hold = self._release(held)  # still opening: no actor yet to tell
+            if hold is not None and not hold.answered:
+                self._answer_failure(hold, reason, detail)
+        return family
+
+    def _timed_out(self, msg: ChildTimedOut) -> None:
+        hold = self.holds.get(msg.child)
+        if hold is None or hold.spawn != msg.spawn or hold.answered:
+            return
+        self.timers.pop(msg.child, None)
+        limit = self.config.loop.child_timeout_s
+        detail = f"the child outlived loop.child_timeout_s ({limit} s)"
+        # The child's own TurnEnded comes when its cancelled turn winds down.
+        self._answer_failure(hold, FailReason.TIMEOUT, detail, turn_began=False)
+        hold.answered = True
+        self._cancel(msg.child, FailReason.CANCELLED, detail)
 
     def _answer_failure(
         self, hold: Hold, reason: FailReason, detail: str, *, turn_began: bool = True

@@ -29,6 +29,8 @@ __all__ = [
     "ToPort",
     "child_id",
     "clock_text",
+    "depth_of",
+    "descends_from",
     "dispatch",
     "parse_json_object",
     "parse_subagent_arguments",
@@ -223,3 +225,27 @@ def child_id(parent: str, call_id: int) -> str:
         raise ArgumentError(
             f"child session id `{raw}` would not fit; {RUNBOOK_SUBAGENT_ID}"
         ) from None
+
+
+def depth_of(session: str) -> int:
+    """How many ``sub-`` levels down ``session`` sits: ``sub-sub-x-1-2`` is 2, ``x`` is 0."""
+    n = 0
+    while session.startswith("sub-"):
+        session, n = session[4:], n + 1
+    return n
+
+
+def descends_from(candidate: str, session: str) -> bool:
+    """True if ``candidate`` is a child, grandchild, ... of ``session`` by the id rule.
+
+    A descendant k levels down is ``sub-`` k times, then ``session``, then k call numbers:
+    ``sub-sub-s-1-2`` descends from ``s``; ``sub-s-2-1`` (child 1 of ``s-2``) does not.
+    """
+    levels = depth_of(candidate) - depth_of(session)
+    if levels < 1:
+        return False
+    rest = candidate[4 * levels :]
+    if not rest.startswith(session + "-"):
+        return False
+    numbers = rest[len(session) + 1 :].split("-")
+    return len(numbers) == levels and all(n.isdigit() and n.isascii() for n in numbers)

@@ -25,6 +25,7 @@ from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
 from actors.turn import Limits
 from messages import (
+    CancelTurn,
     ModelError,
     ModelReply,
     ModelRequest,
@@ -132,6 +133,8 @@ class Runtime:
             tool_result_cap=config.loop.tool_result_cap,
             summary_chars=config.compact.summary_chars,
             threshold_chars=config.compact.threshold_chars,
+            max_depth=config.loop.max_depth,
+            max_children=config.loop.max_children,
         )
         env = SessionEnv(directory, registry, limits, clock, itertools.count(1))
         refs: dict[str, pykka.ActorRef[Any]] = {}
@@ -195,6 +198,19 @@ class Runtime:
             return outcome
         finally:
             self.directory.unregister(address, waiter)
+
+    def cancel(self, session: str, timeout: float = 10.0) -> tuple[str, ...]:
+        """Cancel ``session``'s running turn and every child below it.
+
+        Each cancelled turn answers ``TurnFailed(reason=CANCELLED)`` to whoever waits on it (a
+        child's parent sees ``<child> failed``). Returns the ids that were cancelled; an empty
+        tuple if ``session`` had no turn running. A model answer that arrives later is dropped.
+        """
+        check_session_id(session)
+        if self._stopped:
+            raise RuntimeError("this runtime is stopped")
+        cancelled = self.context.ask(CancelTurn(session), timeout=timeout)
+        return tuple(cancelled)
 
     def _tell_context(self, message: Any) -> None:
         if self._stopped:

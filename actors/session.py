@@ -29,6 +29,7 @@ from actors.turn import (
 from messages import (
     Appended,
     AppendMessages,
+    Cancel,
     CompactHistory,
     FailReason,
     Inspect,
@@ -97,8 +98,10 @@ class SessionActor(pykka.ThreadingActor):
     def _abandon(self, detail: str) -> None:
         # Whoever waits on this turn must hear of it; the Context turns this into an answer.
         if self.turn is not None and not self.turn.done:
-            self.turn.cancel(FailReason.CRASHED, detail)
+            effects = self.turn.cancel(FailReason.CRASHED, detail)
             self.turn = None
+            # Store the results that keep the transcript valid; nothing else of the turn.
+            self._carry_out([e for e in effects if isinstance(e, Persist)])
             self.env.directory.tell(CONTEXT, SessionCrashed(self.state.id, detail))
 
     # Messages.
@@ -124,6 +127,8 @@ class SessionActor(pykka.ThreadingActor):
             effects = turn.tool_result(message.result)
         elif isinstance(message, SubagentCompleted | SubagentFailed):
             effects = turn.subagent_result(message)
+        elif isinstance(message, Cancel):
+            effects = turn.cancel(message.reason, message.detail)
         else:
             log.warning("%s: unexpected message %r", self.state.id, message)
             return None

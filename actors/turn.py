@@ -17,12 +17,21 @@ drive a whole turn, compaction included, without a thread. The rules it keeps:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from actors.dispatch import Answered, ArgumentError, Registry, SpawnChild, ToPort, child_id
+from actors.dispatch import (
+    Answered,
+    ArgumentError,
+    Registry,
+    SpawnChild,
+    ToPort,
+    child_id,
+    depth_of,
+)
 from actors.dispatch import dispatch as route_call
 from actors.text import cap_chars, neutralise
 from messages import (
@@ -67,6 +76,7 @@ __all__ = [
     "SessionState",
     "Spawn",
     "Turn",
+    "repair_results",
     "subagent_result_text",
 ]
 
@@ -125,6 +135,39 @@ class Limits:
     tool_result_cap: int
     summary_chars: int
     threshold_chars: int
+    max_depth: int = 4
+    max_children: int = 8
+
+
+def repair_results(
+    state: SessionState, registry: Registry, now: datetime
+) -> tuple[ChatMessage, ...]:
+    """Results for the calls of the last model answer that have none (a turn cut off).
+
+    A transcript whose assistant message has calls without results is not valid for the model
+    API. A child that was in flight answers ``<child> failed``; any other call is denied as
+    interrupted. Nothing is repaired when every call has its result.
+    """
+    answered: set[int] = set()
+    for message in reversed(state.transcript):
+        if message.role == "tool" and message.tool_call_id is not None:
+            answered.add(message.tool_call_id)
+        elif message.role == "assistant":
+            calls = [c for c in message.tool_calls if c.id not in answered]
+            break
+        else:
+            return ()
+    else:
+        return ()
+    results = []
+    for call in calls:
+        route = route_call(registry, call.name, call.arguments, now)
+        text = denial_message(DenyReason.INTERRUPTED)
+        if isinstance(route, SpawnChild):
+            with contextlib.suppress(ArgumentError):
+                text = f"{child_id(state.id, call.id)} failed"
+        results.append(ChatMessage(role="tool", content=text, tool_call_id=call.id))
+    return tuple(results)
 
 
 # Effects: what the session actor is asked to do.
@@ -234,9 +277,11 @@ class Turn:
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
         self.state.turns += 1
+        # A turn cut off by a crash left calls without results: answer them first.
+        repairs = repair_results(self.state, self.registry, self.clock())
         user = ChatMessage(role="user", content=text, name=speaker)
         event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
-        return [event, *self._save((user,), self._ask)]
+        return [event, *self._save((*repairs, user), self._ask)]
 
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
@@ -323,17 +368,22 @@ class Turn:
         )
 
     def cancel(self, reason: FailReason, detail: str) -> list[Effect]:
-        """End the turn now (its actor is stopping): whatever was awaited is dropped.
-
-        A turn whose outcome is already decided (it is compacting) keeps that outcome.
+        """End the turn now: whatever was awaited is dropped, and answers that come later are
+        ignored. Calls still without a result get one (stored, not waited for), so the
+        transcript stays valid. A turn whose outcome is decided (it is compacting) keeps it.
         """
         if self.done:
             return []
         self._waiting_for = None
         if self.outcome is not None:
             return self._finish()
+        effects: list[Effect] = []
+        repairs = repair_results(self.state, self.registry, self.clock())
+        if repairs:
+            self.state.transcript.extend(repairs)
+            effects.append(Persist(next(self.ids), repairs))
         outcome = TurnFailed(self.state.id, reason, detail)
-        return [*self._turn_ended(outcome), *self._finish()]
+        return [*effects, *self._turn_ended(outcome), *self._finish()]
 
     @property
     def done(self) -> bool:
@@ -366,32 +416,44 @@ class Turn:
         self.phase = _Phase.CALLING
         effects: list[Effect] = []
         now = self.clock()
+        spawned = 0
         for call in self._calls:
             effects.append(
                 Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
             )
             route = route_call(self.registry, call.name, call.arguments, now)
-            if isinstance(route, SpawnChild):
-                try:
-                    child = child_id(self.state.id, call.id)
-                except ArgumentError as exc:
-                    denial = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
-                    route = Answered(denial, denied=True)
-                else:
-                    effects.append(Spawn(call.id, child, route.task))
-                    continue
             if isinstance(route, ToPort):
                 effects.append(CallPort(call.id, route.name, route.arguments))
                 continue
+            if isinstance(route, SpawnChild):
+                spawned += 1
+                denial = self._spawn(call.id, route.task, spawned, effects)
+                if denial is None:
+                    continue
+                route = denial
             self._results[call.id] = ToolResult(call.id, route.text)
-            effects.append(
-                Emit(
-                    ToolCallFinished(
-                        session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
-                    )
-                )
+            finished = ToolCallFinished(
+                session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
             )
+            effects.append(Emit(finished))
         return effects + self._maybe_continue()
+
+    def _spawn(self, call_id: int, task: str, nth: int, effects: list[Effect]) -> Answered | None:
+        """Add the Spawn of a ``subagent`` call to ``effects``, or return its denial."""
+        try:
+            child = child_id(self.state.id, call_id)
+        except ArgumentError as exc:
+            return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), True)
+        if depth_of(child) > self.limits.max_depth:
+            detail = f"{child} would be {depth_of(child)} levels deep; loop.max_depth is "
+            return Answered(
+                denial_message(DenyReason.LIMIT, detail + str(self.limits.max_depth)), True
+            )
+        if nth > self.limits.max_children:
+            detail = f"one answer may start {self.limits.max_children} children (loop.max_children)"
+            return Answered(denial_message(DenyReason.LIMIT, detail), True)
+        effects.append(Spawn(call_id, child, task))
+        return None
 
     def _maybe_continue(self) -> list[Effect]:
         if len(self._results) < len(self._calls):

@@ -13,6 +13,7 @@ from messages.turns import FailReason
 __all__ = [
     "Compacted",
     "CompactionFailed",
+    "JobSkipped",
     "ModelAnswered",
     "ModelRequestSent",
     "SubagentFinished",
@@ -92,6 +93,14 @@ class SubagentFinished(_Event, frozen=True):
     reason: FailReason | None = None
 
 
+class JobSkipped(_Event, frozen=True):
+    """Scheduled job ``job`` did not run on ``session`` because ``held`` ids were busy."""
+
+    session: SessionId
+    job: str
+    held: tuple[SessionId, ...]
+
+
 class TurnEnded(_Event, frozen=True):
     """``session``'s turn ended: completed, or failed for ``reason``."""
 
@@ -125,6 +134,7 @@ TurnEvent = (
     | SubagentStarted
     | SubagentFinished
     | TurnEnded
+    | JobSkipped
     | Compacted
     | CompactionFailed
 )

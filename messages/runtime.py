@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from messages.base import Message
 from messages.chat import Baseline, ChatMessage
 from messages.ids import CallId, SessionId
 from messages.tools import ToolResult
-from messages.turns import TurnOutcome
+from messages.turns import FailReason, TurnOutcome
 
 __all__ = [
     "AppendMessages",
     "Appended",
+    "Cancel",
+    "CancelTurn",
+    "ChildTimedOut",
     "CompactHistory",
     "ContextStatus",
     "Inspect",
     "OpenSession",
     "PortCall",
     "RunTurn",
+    "ScheduledTurn",
     "SessionCrashed",
     "SessionLoaded",
     "SessionRecord",
     "SessionTurnEnded",
     "StoreFailed",
+    "Tick",
     "ToolDone",
 ]
 
@@ -149,3 +156,44 @@ class ContextStatus(Message, frozen=True):
 
     held: tuple[SessionId, ...]
     live: tuple[SessionId, ...]
+
+
+class ScheduledTurn(Message, frozen=True):
+    """The scheduler asks the Context to run job ``job``'s turn on ``session``.
+
+    The Context skips it (a ``JobSkipped`` event, and the same to ``reply_to``) while the session
+    or any of its descendants is held; otherwise it runs like a :class:`~messages.StartTurn`
+    whose outcome goes to ``reply_to``.
+    """
+
+    job: str
+    session: SessionId
+    text: str
+    reply_to: str | None = None
+
+
+class Tick(Message, frozen=True):
+    """Wake the scheduler: run every job due at ``now`` (the scheduler's clock when None)."""
+
+    now: datetime | None = None
+
+
+class CancelTurn(Message, frozen=True):
+    """Cancel ``session``'s running turn and every child below it; each answers CANCELLED."""
+
+    session: SessionId
+    detail: str = "cancelled"
+
+
+class Cancel(Message, frozen=True):
+    """The Context tells a session actor to end its turn now with ``reason``."""
+
+    reason: FailReason
+    detail: str
+
+
+class ChildTimedOut(Message, frozen=True):
+    """The Context's timer: ``child`` (spawn number ``spawn``) outlived its time limit."""
+
+    child: SessionId
+    spawn: int

@@ -33,12 +33,16 @@ class DenyReason(enum.StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"
     UNKNOWN_TOOL = "unknown_tool"
     STEP_LIMIT = "step_limit"
+    LIMIT = "limit"
+    INTERRUPTED = "interrupted"
 
 
 _DENIAL_TEXT = {
     DenyReason.INVALID_ARGUMENTS: "the arguments are not valid for this tool",
     DenyReason.UNKNOWN_TOOL: "there is no tool with this name",
     DenyReason.STEP_LIMIT: "the turn reached its step limit before this call could run",
+    DenyReason.LIMIT: "a limit of this runtime was reached",
+    DenyReason.INTERRUPTED: "the turn ended before this call returned a result",
 }
 
 

@@ -37,6 +37,8 @@ class FailReason(enum.StrEnum):
     """The session could not be created, opened or written."""
     SPAWN_ERROR = "spawn_error"
     """A child's baseline could not be built (for example, the memory source failed)."""
+    TIMEOUT = "timeout"
+    """A child outlived ``loop.child_timeout_s``; it is cancelled."""
 
 
 class StartTurn(Message, frozen=True):
