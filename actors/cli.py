@@ -16,7 +16,7 @@ from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore, StoreError
 from messages import TurnCompleted, TurnEvent, check_session_id
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "show_session"]
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -101,7 +101,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         return 0
     with SessionStore(path) as store:
         if args.action == "show":
-            return _show(store, args.id)
+            return show_session(store, args.id)
         infos = store.list_sessions()
         if not infos:
             print("no sessions")
@@ -121,7 +121,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(store: SessionStore, session: str) -> int:
+def show_session(store: SessionStore, session: str) -> int:
+    """Print one stored session: its counters, children and transcript."""
     record = store.open(check_session_id(session))
     children = store.children(session)
     print(f"session   {record.id}")

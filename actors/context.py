@@ -28,6 +28,7 @@ from messages import (
     Inspect,
     JobSkipped,
     OpenSession,
+    Remember,
     RunTurn,
     ScheduledTurn,
     SessionCrashed,
@@ -170,6 +171,8 @@ class ContextActor(pykka.ThreadingActor):
             self._turn_ended(message)
         elif isinstance(message, SessionCrashed):
             self._crashed(message)
+        elif isinstance(message, Remember):
+            self._remember(message)
         elif isinstance(message, CancelTurn):
             return self._cancel(message.session, FailReason.CANCELLED, message.detail)
         elif isinstance(message, ChildTimedOut):
@@ -326,6 +329,20 @@ class ContextActor(pykka.ThreadingActor):
         hold = self._release(msg.session)
         if hold is not None and not hold.answered:
             self._answer_failure(hold, FailReason.CRASHED, msg.detail)
+
+    def _remember(self, msg: Remember) -> None:
+        # The Context owns the memory source, so it does the write (the session asked).
+        write = getattr(self.memory, "remember", None)
+        if write is None:
+            text = "Error: this runtime's memory source cannot be written"
+        else:
+            try:
+                write(msg.text)
+                text = "Remembered."
+            except Exception as exc:
+                text = f"Error: could not remember: {exc}"
+        reply = ToolDone(msg.session, ToolResult(msg.call_id, text))
+        self.directory.tell(session_address(msg.session), reply)
 
     # Cancellation and time limits.
 

@@ -19,11 +19,13 @@ from messages import DenyReason, ToolSpec, check_session_id, denial_message
 __all__ = [
     "CALL_TOOL",
     "CLOCK",
+    "REMEMBER",
     "RUNBOOK_SUBAGENT_ID",
     "SUBAGENT",
     "Answered",
     "ArgumentError",
     "Registry",
+    "Remember",
     "Route",
     "SpawnChild",
     "ToPort",
@@ -40,6 +42,7 @@ __all__ = [
 CLOCK = "clock"
 SUBAGENT = "subagent"
 CALL_TOOL = "call_tool"
+REMEMBER = "remember"
 RUNBOOK_SUBAGENT_ID = "see docs/runbook.md#subagent-id"
 
 _NOT_AN_OBJECT = "arguments must be a JSON object"
@@ -79,6 +82,20 @@ CALL_TOOL_SPEC = ToolSpec(
 )
 
 
+REMEMBER_SPEC = ToolSpec(
+    name=REMEMBER,
+    description=(
+        "Append one line to long-term memory. New sessions see it; this one does not change."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"text": {"type": "string", "description": "The line to remember."}},
+        "required": ["text"],
+        "additionalProperties": False,
+    },
+)
+
+
 class ArgumentError(ValueError):
     """A tool's arguments are not valid; ``detail`` is the text that goes into the denial."""
 
@@ -110,14 +127,21 @@ class ToPort:
     arguments: str
 
 
-Route = Answered | SpawnChild | ToPort
+@dataclass(frozen=True, slots=True)
+class Remember:
+    """The call appends ``text`` to memory (if the session may write there)."""
+
+    text: str
+
+
+Route = Answered | SpawnChild | ToPort | Remember
 """Where one tool call goes."""
 
 
 class Registry:
     """The tools a session's model is offered: loopd's own, then the port's, by name."""
 
-    BUILTIN = (CLOCK_SPEC, SUBAGENT_SPEC, CALL_TOOL_SPEC)
+    BUILTIN = (CLOCK_SPEC, SUBAGENT_SPEC, CALL_TOOL_SPEC, REMEMBER_SPEC)
 
     def __init__(self, port_tools: Iterable[ToolSpec] = ()) -> None:
         builtin = {spec.name for spec in self.BUILTIN}
@@ -148,18 +172,24 @@ def parse_json_object(arguments: str) -> dict[str, Any]:
     return value
 
 
-def parse_subagent_arguments(arguments: str) -> str:
-    """The ``task`` of a ``subagent`` call, checked in the order SPEC 5 gives."""
+def _one_string(arguments: str, name: str) -> str:
+    """The one string field ``name`` of a tool's arguments, checked in the order SPEC 5 gives:
+    an object, no other key (the first in order is named), present, a string."""
     value = parse_json_object(arguments)
     for key in value:
-        if key != "task":
+        if key != name:
             raise ArgumentError(f"unknown field: {key}")
-    if "task" not in value:
-        raise ArgumentError("task is required")
-    task = value["task"]
-    if not isinstance(task, str):
-        raise ArgumentError("task must be a string")
-    return task
+    if name not in value:
+        raise ArgumentError(f"{name} is required")
+    text = value[name]
+    if not isinstance(text, str):
+        raise ArgumentError(f"{name} must be a string")
+    return text
+
+
+def parse_subagent_arguments(arguments: str) -> str:
+    """The ``task`` of a ``subagent`` call, checked in the order SPEC 5 gives."""
+    return _one_string(arguments, "task")
 
 
 def unwrap_call_tool(arguments: str) -> tuple[str, str]:
@@ -205,6 +235,8 @@ def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Ro
             return Answered(clock_text(now))
         if name == SUBAGENT:
             return SpawnChild(parse_subagent_arguments(arguments))
+        if name == REMEMBER:
+            return Remember(_one_string(arguments, "text"))
     except ArgumentError as exc:
         return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), denied=True)
     if registry.is_port(name):

@@ -48,6 +48,23 @@ class FileMemory:
         except (OSError, UnicodeDecodeError) as exc:
             raise MemoryFailure(f"cannot read memory file {self.path}: {exc}") from exc
 
+    def remember(self, line: str) -> None:
+        """Append ``line`` (one line: newlines become spaces) to the memory file.
+
+        New baselines see it from then on; the baseline of a running session never changes.
+        """
+        text = " ".join(line.split())
+        if not text:
+            raise MemoryFailure("there is nothing to remember: the text is empty")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._lock, self.path.open("a", encoding="utf-8") as out:
+                if out.tell() > 0 and not self.path.read_text(encoding="utf-8").endswith("\n"):
+                    out.write("\n")
+                out.write(f"- {text}\n")
+        except OSError as exc:
+            raise MemoryFailure(f"cannot write memory file {self.path}: {exc}") from exc
+
     def updated(self, session: str, turns: int) -> None:
         """Record the call in :attr:`updates` (thread-safe); nothing else, for now."""
         with self._lock:
@@ -63,6 +80,6 @@ class FileMemory:
         return f"FileMemory({str(self.path)!r})"
 
 
-def default_memory(home: str | Path) -> FileMemory:
-    """The default memory source: ``home/MEMORY.md``."""
-    return FileMemory(Path(home) / "MEMORY.md")
+def default_memory(home: str | Path, file: str = "MEMORY.md") -> FileMemory:
+    """The default memory source: ``home/<file>`` (``file`` may be absolute)."""
+    return FileMemory(Path(home) / file)

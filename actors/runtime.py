@@ -125,7 +125,8 @@ class Runtime:
         # Open the store once here so a bad file fails the start, not every later turn.
         SessionStore(config.home_path / DB_NAME).close()
         chat_model = model if model is not None else HttpChatModel(config.model)
-        memory = memory if memory is not None else default_memory(config.home)
+        if memory is None:
+            memory = default_memory(config.home, config.memory.file)
         directory = Directory()
         subscribers = Subscribers()
         limits = Limits(
@@ -135,6 +136,7 @@ class Runtime:
             threshold_chars=config.compact.threshold_chars,
             max_depth=config.loop.max_depth,
             max_children=config.loop.max_children,
+            untrusted_may_remember=config.memory.allow_untrusted_writes,
         )
         env = SessionEnv(directory, registry, limits, clock, itertools.count(1))
         refs: dict[str, pykka.ActorRef[Any]] = {}

@@ -25,6 +25,7 @@ from actors.turn import (
     SessionState,
     Spawn,
     Turn,
+    WriteMemory,
 )
 from messages import (
     Appended,
@@ -37,6 +38,7 @@ from messages import (
     ModelError,
     ModelRequest,
     PortCall,
+    Remember,
     RunTurn,
     SessionCrashed,
     SessionRecord,
@@ -188,6 +190,8 @@ class SessionActor(pykka.ThreadingActor):
                     PORT,
                     PortCall(s.id, effect.call_id, effect.name, effect.arguments, self.address),
                 )
+            elif isinstance(effect, WriteMemory):
+                tell(CONTEXT, Remember(s.id, effect.call_id, effect.text))
             elif isinstance(effect, Spawn):
                 tell(CONTEXT, SubagentRequest(s.id, effect.call_id, effect.task))
             elif isinstance(effect, Compact):

@@ -27,6 +27,7 @@ from actors.dispatch import (
     Answered,
     ArgumentError,
     Registry,
+    Remember,
     SpawnChild,
     ToPort,
     child_id,
@@ -76,6 +77,7 @@ __all__ = [
     "SessionState",
     "Spawn",
     "Turn",
+    "WriteMemory",
     "repair_results",
     "subagent_result_text",
 ]
@@ -137,6 +139,7 @@ class Limits:
     threshold_chars: int
     max_depth: int = 4
     max_children: int = 8
+    untrusted_may_remember: bool = False
 
 
 def repair_results(
@@ -217,6 +220,14 @@ class Spawn:
 
 
 @dataclass(frozen=True)
+class WriteMemory:
+    """Ask the Context to append ``text`` to memory for call ``call_id``; answer ``tool_result``."""
+
+    call_id: int
+    text: str
+
+
+@dataclass(frozen=True)
 class Emit:
     """Publish ``event`` to subscribers."""
 
@@ -230,7 +241,7 @@ class Finish:
     outcome: TurnOutcome
 
 
-Effect = Persist | Compact | RequestModel | CallPort | Spawn | Emit | Finish
+Effect = Persist | Compact | RequestModel | CallPort | Spawn | WriteMemory | Emit | Finish
 """Anything a :class:`Turn` asks its actor to do."""
 
 
@@ -425,6 +436,12 @@ class Turn:
             if isinstance(route, ToPort):
                 effects.append(CallPort(call.id, route.name, route.arguments))
                 continue
+            if isinstance(route, Remember):
+                if not self.state.untrusted or self.limits.untrusted_may_remember:
+                    effects.append(WriteMemory(call.id, route.text))
+                    continue
+                detail = "it may not write to memory (memory.allow_untrusted_writes is false)"
+                route = Answered(denial_message(DenyReason.UNTRUSTED, detail), True)
             if isinstance(route, SpawnChild):
                 spawned += 1
                 denial = self._spawn(call.id, route.task, spawned, effects)

@@ -21,6 +21,7 @@ __all__ = [
     "Inspect",
     "OpenSession",
     "PortCall",
+    "Remember",
     "RunTurn",
     "ScheduledTurn",
     "SessionCrashed",
@@ -197,3 +198,11 @@ class ChildTimedOut(Message, frozen=True):
 
     child: SessionId
     spawn: int
+
+
+class Remember(Message, frozen=True):
+    """``session``'s call ``call_id`` asks the Context to append ``text`` to memory."""
+
+    session: SessionId
+    call_id: CallId
+    text: str

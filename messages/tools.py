@@ -35,6 +35,7 @@ class DenyReason(enum.StrEnum):
     STEP_LIMIT = "step_limit"
     LIMIT = "limit"
     INTERRUPTED = "interrupted"
+    UNTRUSTED = "untrusted"
 
 
 _DENIAL_TEXT = {
@@ -43,6 +44,7 @@ _DENIAL_TEXT = {
     DenyReason.STEP_LIMIT: "the turn reached its step limit before this call could run",
     DenyReason.LIMIT: "a limit of this runtime was reached",
     DenyReason.INTERRUPTED: "the turn ended before this call returned a result",
+    DenyReason.UNTRUSTED: "this session has read untrusted data",
 }
 
 

@@ -213,7 +213,7 @@ def test_a_child_whose_baseline_cannot_be_built_fails(loopd_runtime) -> None:
             return call("subagent", task="t")
         return reply(tool_texts(request)[-1])
 
-    rt = loopd_runtime(script, memory=memory)
+    rt = loopd_runtime(script, memory_source=memory)
     events = Probe.start(rt.directory)
     rt.subscribe(events.tell)
     assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")

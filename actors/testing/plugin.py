@@ -61,14 +61,14 @@ def loopd_runtime(loopd_config: Config) -> Iterator[Callable[..., Runtime]]:
         *,
         model: Any = None,
         tools: Iterable[PortTool] | None = None,
-        memory: MemorySource | None = None,
+        memory_source: MemorySource | None = None,
         config: Config | None = None,
         **sections: dict[str, Any],
     ) -> Runtime:
         if model is None and script is not None:
             model = ScriptedModel(script)
         cfg = _with(config or loopd_config, sections)
-        rt = Runtime.start(cfg, model=model, tools=tools, memory=memory)
+        rt = Runtime.start(cfg, model=model, tools=tools, memory=memory_source)
         started.append(rt)
         return rt
 

@@ -1,0 +1,399 @@
+"""``loopd repl``: a Python console with a started runtime and helpers to drive it (SPEC 10).
+
+The console is the standard library's :class:`code.InteractiveConsole`, with readline tab
+completion when readline is available. Its namespace holds the :class:`Runtime` (``rt``), the
+Context's ref (``ctx``), the helpers of :class:`Helpers` and the common message classes. Event
+lines printed by subscribers (``turn`` while it runs, ``tail`` until turned off) come from the
+event bus thread and may land in the middle of the prompt; that is expected.
+"""
+
+from __future__ import annotations
+
+import code
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import pykka
+
+import messages
+from actors.config import Config
+from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
+from actors.render import render_event
+from actors.runtime import Runtime
+from actors.store import DB_NAME, SessionStore
+from messages import (
+    ChatMessage,
+    ContextStatus,
+    FailReason,
+    Inspect,
+    SessionRecord,
+    StartTurn,
+    TurnCompleted,
+    TurnEnded,
+    TurnEvent,
+    TurnFailed,
+    TurnOutcome,
+    check_session_id,
+)
+
+__all__ = ["AddressError", "Helpers", "resolve_address", "run_repl"]
+
+SERVICES = frozenset({CONTEXT, STORE, MODEL, PORT, EVENTS})
+"""Names that mean a runtime service, not a session of that name (use ``session:<id>`` then)."""
+
+_LAST_EVENTS_S = 5.0
+"""How long ``turn`` waits, after the outcome, for the bus to print the turn's last events."""
+
+_MESSAGE_CLASSES: dict[str, Any] = {
+    "StartTurn": StartTurn,
+    "Inspect": Inspect,
+    "TurnCompleted": TurnCompleted,
+    "TurnFailed": TurnFailed,
+    "FailReason": FailReason,
+    "ContextStatus": ContextStatus,
+    "SessionRecord": SessionRecord,
+    "ChatMessage": ChatMessage,
+}
+
+
+class AddressError(LookupError):
+    """Nobody stands at the address a helper was given."""
+
+
+def resolve_address(target: str) -> str:
+    """The directory address that ``target`` names in the REPL's ``tell`` and ``ask``.
+
+    ``"context"`` (and the other services: ``store``, ``model``, ``port``, ``events``) name
+    themselves; anything with a ``:`` is an address already (``"session:demo"``); any other
+    text must be a valid session id and means that session's actor (``"demo"`` →
+    ``"session:demo"``). Raises ``ValueError`` naming an invalid id.
+    """
+    if not isinstance(target, str):
+        raise TypeError(f"an address must be a string, not {type(target).__name__}: {target!r}")
+    if target in SERVICES or ":" in target:
+        return target
+    return session_address(check_session_id(target))
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def _print(text: str) -> None:
+    print(text, file=sys.stdout, flush=True)
+
+
+def _print_event(event: TurnEvent) -> None:
+    _print(render_event(event))
+
+
+class _SendReply:
+    """The one-shot mailbox of ``send``: prints the turn's outcome when it comes, then goes."""
+
+    def __init__(self, helpers: Helpers, address: str) -> None:
+        self._helpers = helpers
+        self._address = address
+
+    def tell(self, message: Any) -> None:
+        self._helpers.rt.directory.unregister(self._address, self)
+        _print(f"send: {message!r}")
+
+
+class Helpers:
+    """The REPL's helpers over one started runtime; ``namespace()`` is what the console sees."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._lock = threading.Lock()
+        self._untail: Callable[[], None] | None = None
+
+    @property
+    def tailing(self) -> bool:
+        """True while ``tail`` prints every event."""
+        return self._untail is not None
+
+    # Looking.
+
+    def status(self) -> ContextStatus:
+        """The Context's answer to ``Inspect()``: held and live session ids."""
+        answer: ContextStatus = self.rt.context.ask(Inspect(), block=True, timeout=5)
+        return answer
+
+    def sessions(self) -> None:
+        """Print every stored session: id, slot, turns, untrusted, messages, and its state.
+
+        STATE is ``held`` while a turn holds the id, ``live`` while its actor runs idle, ``-``
+        otherwise (a child's actor goes when its one turn ends; its stored session stays).
+        """
+        status = self.status()
+        with SessionStore(self.rt.config.home_path / DB_NAME) as store:
+            infos = store.list_sessions()
+        stored = {i.id for i in infos}
+
+        def state(session: str) -> str:
+            if session in status.held:
+                return "held"
+            return "live" if session in status.live else "-"
+
+        rows = [
+            [
+                i.id,
+                str(i.slot),
+                str(i.turns),
+                "yes" if i.untrusted else "no",
+                str(i.messages),
+                state(i.id),
+            ]
+            for i in infos
+        ]
+        # A session being opened is held before the store has it.
+        for session in sorted((set(status.held) | set(status.live)) - stored):
+            rows.append([session, "-", "-", "-", "-", state(session)])
+        if not rows:
+            _print("no sessions")
+            return
+        _print(_table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "STATE"]))
+
+    def held(self) -> tuple[str, ...]:
+        """The ids a running turn holds now (a user's turn or a subagent's), sorted."""
+        return tuple(self.status().held)
+
+    def show(self, session: str) -> None:
+        """Print the stored transcript of ``session`` like ``loopd sessions show``: its counters
+        and children, then every message (role, content, tool calls, compacted marks)."""
+        from actors.cli import show_session
+
+        check_session_id(session)
+        with SessionStore(self.rt.config.home_path / DB_NAME) as store:
+            show_session(store, session)
+        sys.stdout.flush()
+
+    # Turns.
+
+    def turn(self, session: str, text: str, timeout: float = 120) -> TurnOutcome:
+        """Run one turn of ``session`` and return its TurnCompleted or TurnFailed.
+
+        The turn's events, its children's included, are printed live while it runs (once
+        only if ``tail`` is on). Raises ``ValueError`` for an invalid id and ``TimeoutError``
+        after ``timeout`` seconds (the turn goes on; Ctrl-C stops the waiting too).
+        """
+        ended = threading.Event()
+
+        def watch(event: TurnEvent) -> None:
+            if not self.tailing:
+                _print_event(event)
+            if isinstance(event, TurnEnded) and event.session == session:
+                ended.set()
+
+        unsubscribe = self.rt.subscribe(watch)
+        try:
+            outcome = self.rt.run_turn(session, text, timeout)
+            # The session emits TurnEnded before it reports the outcome, so the bus has it
+            # already; wait for it to be printed. A BUSY refusal never began, so has none.
+            if not (isinstance(outcome, TurnFailed) and outcome.reason == FailReason.BUSY):
+                ended.wait(_LAST_EVENTS_S)
+            return outcome
+        finally:
+            unsubscribe()
+
+    def send(self, session: str, text: str) -> None:
+        """Start a turn of ``session`` and return at once.
+
+        Its events print if ``tail()`` is on; its outcome prints as ``send: ...`` when it
+        comes. Raises ``ValueError`` for an invalid id.
+        """
+        check_session_id(session)
+        address = self.rt.directory.unique("repl-send")
+        reply = _SendReply(self, address)
+        self.rt.directory.register(address, reply)
+        try:
+            self.rt.context.tell(StartTurn(session, text, None, address))
+        except BaseException:
+            self.rt.directory.unregister(address, reply)
+            raise
+
+    def tail(self, on: bool = True) -> None:
+        """Print every turn event as it happens (``tail()``), or stop (``tail(False)``)."""
+        with self._lock:
+            if on and self._untail is None:
+                self._untail = self.rt.subscribe(_print_event)
+            elif not on and self._untail is not None:
+                self._untail()
+                self._untail = None
+        _print("tail on: every event prints" if on else "tail off")
+
+    def stop_tail(self) -> None:
+        """Stop tailing without a word (for the console's exit)."""
+        with self._lock:
+            if self._untail is not None:
+                self._untail()
+                self._untail = None
+
+    # Messages.
+
+    def _mailbox(self, target: str) -> tuple[str, Any]:
+        address = resolve_address(target)
+        mailbox = self.rt.directory.get(address)
+        if mailbox is None:
+            known = ", ".join(self.rt.directory.addresses())
+            hint = ""
+            if address.startswith("session:"):
+                hint = " (a session's actor is there only while it is live: see sessions())"
+            raise AddressError(f"no actor at address {address!r}{hint}; addresses now: {known}")
+        return address, mailbox
+
+    def tell(self, target: str, message: Any) -> None:
+        """Tell ``message`` to an actor without waiting.
+
+        ``target`` is an address (``"context"``, ``"session:demo"``) or a bare session id
+        (``"demo"`` means ``"session:demo"``). Raises ``AddressError`` if nobody is there.
+        """
+        address, mailbox = self._mailbox(target)
+        try:
+            mailbox.tell(message)
+        except pykka.ActorDeadError:
+            raise AddressError(f"the actor at address {address!r} has stopped") from None
+
+    def ask(self, target: str, message: Any, timeout: float = 5) -> Any:
+        """Ask an actor and return its answer: ``ask("demo", Inspect())`` is the session's
+        SessionRecord, ``ask("context", Inspect())`` the Context's ContextStatus.
+
+        ``target`` as for ``tell``. Raises ``AddressError`` if no actor is there and
+        ``TimeoutError`` if it has not answered after ``timeout`` seconds.
+        """
+        address, mailbox = self._mailbox(target)
+        if not isinstance(mailbox, pykka.ActorRef):
+            raise AddressError(f"{address!r} is not an actor that answers; tell it instead")
+        try:
+            return mailbox.ask(message, block=True, timeout=timeout)
+        except pykka.ActorDeadError:
+            raise AddressError(f"the actor at address {address!r} has stopped") from None
+        except pykka.Timeout:
+            name = type(message).__name__
+            raise TimeoutError(f"{address} did not answer {name} within {timeout} s") from None
+
+    def namespace(self) -> dict[str, Any]:
+        """What the console sees: rt, ctx, the helpers, ``messages`` and common messages."""
+        return {
+            "__name__": "__console__",
+            "__doc__": None,
+            "rt": self.rt,
+            "ctx": self.rt.context,
+            "sessions": self.sessions,
+            "held": self.held,
+            "turn": self.turn,
+            "send": self.send,
+            "tell": self.tell,
+            "ask": self.ask,
+            "show": self.show,
+            "tail": self.tail,
+            "messages": messages,
+            **_MESSAGE_CLASSES,
+        }
+
+
+_HELP = [
+    ("rt, ctx", "the Runtime and the Context's actor ref"),
+    ("sessions()", "stored sessions, each live / held / -"),
+    ("held()", "the ids running turns hold"),
+    ("turn(session, text)", "run a turn, its events printed live"),
+    ("send(session, text)", "start a turn, don't wait"),
+    ("tell(address, message)", 'tell an actor: "context", "demo" (= "session:demo")'),
+    ("ask(address, message)", 'its answer: ask("demo", Inspect()).turns'),
+    ("show(session)", "a stored transcript"),
+    ("tail(on=True)", "print every event as it happens"),
+    ("messages", ", ".join(_MESSAGE_CLASSES) + ", ..."),
+]
+
+
+def banner(rt: Runtime, scripted: bool) -> str:
+    """The console's banner: where it runs, the helpers in one table, how to leave."""
+    from actors.demo import DEMO_SESSION, DEMO_TEXT
+
+    model = "the demo's scripted model, offline" if scripted else rt.config.model.base_url
+    width = max(len(name) for name, _ in _HELP)
+    lines = [
+        f"loopd repl: a started runtime on {model}; home {rt.config.home_path}",
+        "",
+        *(f"  {name.ljust(width)}  {what}" for name, what in _HELP),
+        "",
+        "help(turn) and the like tell more; Ctrl-D or exit() stops the runtime and leaves.",
+    ]
+    if scripted:
+        lines.append(f"Try: turn({DEMO_SESSION!r}, {DEMO_TEXT!r})".replace("'", '"'))
+    return "\n".join(lines)
+
+
+class _Console(code.InteractiveConsole):
+    """The standard console, reading from ``stdin`` instead of ``input()`` when one is given."""
+
+    def __init__(self, namespace: dict[str, Any], stdin: TextIO | None) -> None:
+        super().__init__(namespace, filename="<loopd>")
+        self._stdin = stdin
+
+    def raw_input(self, prompt: str = "") -> str:
+        if self._stdin is None:
+            return input(prompt)
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        line = self._stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+
+def _enable_completion(namespace: dict[str, Any]) -> None:
+    """Tab completion of the console's names, if readline is there."""
+    try:
+        import readline
+        import rlcompleter
+    except ImportError:  # readline is optional (Windows, some builds)
+        return
+    readline.set_completer(rlcompleter.Completer(namespace).complete)
+    if "libedit" in (readline.__doc__ or ""):
+        readline.parse_and_bind("bind ^I rl_complete")
+    else:
+        readline.parse_and_bind("tab: complete")
+
+
+def run_repl(config: Config, *, scripted: bool = False, stdin: TextIO | None = None) -> int:
+    """Start a runtime on ``config`` and run the console until Ctrl-D or ``exit()``.
+
+    ``scripted`` runs the demo's scripted model instead of the HTTP client; ``stdin`` feeds
+    the console from a stream instead of the terminal (for tests; no readline then). The
+    runtime is stopped whatever way the console ends. Returns the exit status: 0, or the
+    number given to ``exit(n)``.
+    """
+    model = None
+    if scripted:
+        from actors.demo import demo_script
+        from actors.testing.model import ScriptedModel
+
+        model = ScriptedModel(demo_script)
+    rt = Runtime.start(config, model=model)
+    helpers = Helpers(rt)
+    status = 0
+    try:
+        namespace = helpers.namespace()
+        if stdin is None:
+            _enable_completion(namespace)
+        console = _Console(namespace, stdin)
+        try:
+            console.interact(banner=banner(rt, scripted), exitmsg="")
+        except SystemExit as exc:  # exit() / quit()
+            if isinstance(exc.code, int):
+                status = exc.code
+            elif exc.code is not None:
+                print(exc.code, file=sys.stderr)
+                status = 1
+    finally:
+        helpers.stop_tail()
+        rt.stop()
+    _print("loopd: runtime stopped")
+    return status
