@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,10 +60,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 1
 
 
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM leave like Ctrl-C does: through ``with Runtime``, so the runtime stops
+    cleanly (turns answered CANCELLED, the store written out) before the process exits."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """One turn against a real endpoint: the answer on stdout, events on stderr."""
     check_session_id(args.session)  # before Runtime.start creates anything under home
     config = _config(args)
+    _exit_on_sigterm()
     with Runtime.start(config) as rt:
         if not args.quiet:
             rt.subscribe(lambda event: _print_event(event, sys.stderr))

@@ -223,3 +223,35 @@ def test_a_session_id_never_names_a_path(loopd_runtime, loopd_config, bad) -> No
     assert sorted(p.name for p in loopd_config.home_path.iterdir()) == sorted(
         p.name for p in loopd_config.home_path.iterdir() if p.name.startswith("loopd.db")
     )
+
+
+def test_sigterm_stops_loopd_run_cleanly(chat_server, tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    release = threading.Event()
+
+    def script(body):
+        release.wait(WAIT)
+        return reply("too late")
+
+    server = chat_server(script)
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "actors.cli", "run", "--home", str(home)]
+    command += ["--base-url", server.base_url, "--session", "s", "hello"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        server.wait_for_requests(1, timeout=WAIT)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=WAIT)
+    finally:
+        release.set()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert b"Traceback" not in err
+    with SessionStore(home / DB_NAME) as store:
+        assert [m.content for m in store.open("s").transcript] == ["hello"]
