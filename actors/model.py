@@ -4,10 +4,17 @@
 ``id_slot`` and ``cache_prompt``), :func:`parse_answer` turns the server's answer back into a
 :class:`~messages.ModelAnswer`, and :class:`HttpChatModel` does the HTTP in between. Every failure
 is a :class:`ModelFailure` whose message names the cause, ready to go into a ``ModelError``.
+Failures a retry can help (see :func:`is_retryable`) are retried a bounded number of times, after
+the wait :func:`retry_delay` gives.
 """
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import httpx
@@ -21,8 +28,10 @@ __all__ = [
     "HttpChatModel",
     "ModelFailure",
     "encode_body",
+    "is_retryable",
     "parse_answer",
     "request_body",
+    "retry_delay",
 ]
 
 # At least this many requests may be in flight on one client at once (more if the configured
@@ -31,6 +40,21 @@ _MIN_CONNECTIONS = 64
 
 # How much of an error response's body goes into the failure message.
 _ERROR_BODY_CHARS = 200
+
+# Statuses a retry can help: rate limited, or a server error that may be passing.
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Statuses whose Retry-After header is honoured.
+_RETRY_AFTER_STATUSES = frozenset({429, 503})
+# Transport failures a retry can help: no connection, a connection reset, no answer in time.
+_RETRY_ERRORS = (
+    httpx.TimeoutException,
+    httpx.ConnectError,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
+# At most this fraction is added at random to a backoff, so clients that failed together spread.
+_JITTER = 0.1
 
 
 class ModelFailure(Exception):
@@ -190,6 +214,51 @@ def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
     return ModelAnswer(session=session, request_id=request_id, content=content, tool_calls=calls)
 
 
+# --- retries --------------------------------------------------------------------------------
+
+
+def is_retryable(failure: httpx.HTTPError | int) -> bool:
+    """Whether a retry can help after ``failure``: a transport error, or an HTTP status code.
+
+    True for no connection, a connection reset, a timeout, and HTTP 429, 500, 502, 503 and 504;
+    false for anything else (another 4xx, say). An answer that cannot be parsed is never retried.
+    """
+    if isinstance(failure, int):
+        return failure in _RETRY_STATUSES
+    return isinstance(failure, _RETRY_ERRORS)
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` value in seconds from now (never negative), or None if unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def retry_delay(attempt: int, headers: Mapping[str, str] | None, config: ModelConfig) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (0 for the first) before the next one.
+
+    A ``Retry-After`` in ``headers`` (seconds, or an HTTP date) is honoured; pass the headers only
+    for a status where the server means it (429, 503). Otherwise the wait is
+    ``retry_backoff_s * 2**attempt`` plus up to 10 % jitter. Never more than ``retry_max_wait_s``.
+    """
+    if headers is not None:
+        after = _retry_after_s(httpx.Headers(headers).get("retry-after"))
+        if after is not None:
+            return min(after, config.retry_max_wait_s)
+    backoff = config.retry_backoff_s * 2.0**attempt * (1 + random.uniform(0, _JITTER))
+    return min(backoff, config.retry_max_wait_s)
+
+
 # --- the client -------------------------------------------------------------------------------
 
 
@@ -197,13 +266,25 @@ class HttpChatModel:
     """A :class:`ChatModel` over HTTP, to any OpenAI-compatible server.
 
     One ``httpx.Client`` serves every caller: it is thread-safe, so several model workers may
-    call :meth:`complete` at once, each on its own pooled connection. No retries.
+    call :meth:`complete` at once, each on its own pooled connection. A failure a retry can help
+    is retried up to ``config.retries`` times; the waits in between end early on ``stop``.
     """
 
-    def __init__(self, config: ModelConfig, *, transport: httpx.BaseTransport | None = None):
-        """Connect lazily to ``config.base_url``; ``transport`` replaces the network (tests)."""
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        stop: threading.Event | None = None,
+    ):
+        """Connect lazily to ``config.base_url``; ``transport`` replaces the network (tests).
+
+        ``stop``, once set (:meth:`close` sets it), ends any wait before a retry with a
+        :class:`ModelFailure`; a shared event lets a shutdown cut every wait short.
+        """
         self._config = config
         self._url = config.base_url.rstrip("/") + "/chat/completions"
+        self._stop = stop if stop is not None else threading.Event()
         headers = {"Content-Type": "application/json"}
         api_key = config.api_key()
         if api_key:
@@ -222,31 +303,51 @@ class HttpChatModel:
         return self._url
 
     def complete(self, request: ModelRequest) -> ModelAnswer:
-        """POST ``request`` and parse the answer; raise :class:`ModelFailure` naming the cause."""
-        if self._client.is_closed:
-            raise ModelFailure("the model client is closed")
+        """POST ``request`` and parse the answer; raise :class:`ModelFailure` naming the cause.
+
+        After the last attempt the message names the last failure's cause and, if there was more
+        than one attempt, how many were made.
+        """
         try:
             content = encode_body(self._config.name, request)
         except ValueError as exc:
             raise ModelFailure(f"cannot send the request to the model: {exc}") from exc
-        try:
-            response = self._client.post(self._url, content=content)
-        except httpx.TimeoutException as exc:
-            # Checked before ConnectError: a connect timeout is a timeout, not a refusal.
-            raise ModelFailure(
-                f"the model at {self._url} did not answer within {self._config.timeout_s:g} s"
-            ) from exc
-        except httpx.ConnectError as exc:
-            raise ModelFailure(f"cannot reach the model at {self._url}: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise ModelFailure(f"the request to the model at {self._url} failed: {exc}") from exc
-        if not response.is_success:
-            excerpt = response.content.decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
-            raise ModelFailure(
-                f"the model at {self._url} answered HTTP {response.status_code}: {excerpt}"
-            )
-        return parse_answer(request.session, request.request_id, response.content)
+        attempt = 0
+        while True:
+            if self._client.is_closed:
+                raise ModelFailure("the model client is closed")
+            headers: httpx.Headers | None = None
+            error: httpx.HTTPError | None = None
+            try:
+                response = self._client.post(self._url, content=content)
+            except httpx.HTTPError as exc:
+                error, cause, retry = exc, self._transport_cause(exc), is_retryable(exc)
+            else:
+                status = response.status_code
+                if response.is_success:
+                    return parse_answer(request.session, request.request_id, response.content)
+                excerpt = response.content.decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
+                cause = f"the model at {self._url} answered HTTP {status}: {excerpt}"
+                retry = is_retryable(status)
+                if status in _RETRY_AFTER_STATUSES:
+                    headers = response.headers
+            if not retry or attempt == self._config.retries:
+                if attempt:
+                    cause += f" (after {attempt + 1} attempts)"
+                raise ModelFailure(cause) from error
+            if self._stop.wait(retry_delay(attempt, headers, self._config)):
+                raise ModelFailure("the model client was closed while waiting to retry") from error
+            attempt += 1
+
+    def _transport_cause(self, exc: httpx.HTTPError) -> str:
+        # A timeout first: a connect timeout is a timeout, not a refusal.
+        if isinstance(exc, httpx.TimeoutException):
+            return f"the model at {self._url} did not answer within {self._config.timeout_s:g} s"
+        if isinstance(exc, httpx.ConnectError):
+            return f"cannot reach the model at {self._url}: {exc}"
+        return f"the request to the model at {self._url} failed: {exc}"
 
     def close(self) -> None:
-        """Close the connections; later :meth:`complete` calls fail with ModelFailure."""
+        """Stop any wait before a retry and close the connections; later calls fail."""
+        self._stop.set()
         self._client.close()

@@ -234,9 +234,11 @@ class Runtime:
                 ref = self.directory.get(address)
                 if isinstance(ref, pykka.ActorRef):
                     ref.stop(timeout=timeout)
+        # Close the model first: a worker waiting to retry gives up at once instead of holding
+        # up the pool's stop.
+        self.model.close()
         for address in (MODEL, PORT, STORE, EVENTS):
             self._refs[address].stop(timeout=timeout)
-        self.model.close()
 
     def __enter__(self) -> Runtime:
         return self

@@ -368,7 +368,7 @@ def test_run_with_a_subagent(chat_server: Server, tmp_path: Path) -> None:
 
 
 def test_run_model_http_500_exits_1(chat_server: Server, tmp_path: Path) -> None:
-    server = chat_server([RawResponse(status=500, body=b'{"error": "boom"}')])
+    server = chat_server([RawResponse(status=500, body=b'{"error": "boom"}')] * 3)
     result = loopd(
         tmp_path, "run", "--base-url", server.base_url, "--home", tmp_path / "D", "hello"
     )
@@ -377,7 +377,9 @@ def test_run_model_http_500_exits_1(chat_server: Server, tmp_path: Path) -> None
     assert result.stdout == ""
     assert "model_error" in result.stderr
     assert "HTTP 500" in result.stderr
-    assert len(server.requests) == 1
+    # model.retries defaults to 2: a 5xx is tried three times, and the error says so.
+    assert "(after 3 attempts)" in result.stderr
+    assert len(server.requests) == 3
 
 
 def test_run_model_unreachable_exits_1(tmp_path: Path) -> None:

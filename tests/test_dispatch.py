@@ -290,7 +290,7 @@ def test_registry_lists_subagent_with_its_exact_schema() -> None:
 
 def test_registry_lists_builtins_and_port_tools_once_each() -> None:
     names = [spec.name for spec in PORT_REGISTRY.specs()]
-    assert sorted(names) == ["call_tool", "clock", "hostname", "subagent"]
+    assert sorted(names) == ["call_tool", "clock", "hostname", "remember", "subagent"]
     assert PORT_REGISTRY.specs() == PORT_REGISTRY.specs()  # stable, for a byte-stable baseline
     assert msgspec.json.encode(PORT_REGISTRY.specs())  # plain data, fit for a baseline
 

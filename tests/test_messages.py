@@ -197,6 +197,17 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     ),
     TurnFailed: lambda: TurnFailed(session="mm-thread", reason=FailReason.BUSY, detail="held"),
     TurnStarted: lambda: TurnStarted(session="mm-thread", slot=0, at=AT),
+    messages.Cancel: lambda: messages.Cancel(FailReason.CANCELLED, "by the user"),
+    messages.CancelTurn: lambda: messages.CancelTurn("mm-thread", "by the user"),
+    messages.ChildTimedOut: lambda: messages.ChildTimedOut("sub-mm-thread-1", 3),
+    messages.JobSkipped: lambda: messages.JobSkipped(
+        session="mm-thread", job="heartbeat:mm-thread", held=("sub-mm-thread-1",), at=AT
+    ),
+    messages.Remember: lambda: messages.Remember("mm-thread", 4, "The user's name is Ana."),
+    messages.ScheduledTurn: lambda: messages.ScheduledTurn(
+        "cron:0:mm-thread", "mm-thread", "It is 2026-11-30T07:00:00Z.\n\nMorning.", "scheduler"
+    ),
+    messages.Tick: lambda: messages.Tick(AT),
 }
 
 

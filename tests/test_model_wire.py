@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import formatdate
 from typing import Any
 
 import httpx
 import pytest
 
 from actors.config import ModelConfig
-from actors.model import HttpChatModel, ModelFailure, encode_body, parse_answer, request_body
+from actors.model import (
+    HttpChatModel,
+    ModelFailure,
+    encode_body,
+    is_retryable,
+    parse_answer,
+    request_body,
+    retry_delay,
+)
 from actors.testing.chat_server import ChatServer
 from actors.testing.script import Answer, RawResponse, call, calls, reply
 from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec
@@ -39,6 +49,13 @@ def make_request(
         tools=tools,
         reply_to="s1",
     )
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 where nothing listens: connecting to it is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -245,7 +262,7 @@ def test_malformed_answers_are_refused(body: bytes, cause: str) -> None:
 def test_http_error_names_the_status_and_the_body(model_for: Any) -> None:
     long_body = b"server exploded " + b"x" * 500
     with ChatServer([RawResponse(status=500, body=long_body)]) as server:
-        model = model_for(server)
+        model = model_for(server, retries=0)
         with pytest.raises(ModelFailure) as caught:
             model.complete(make_request())
     message = str(caught.value)
@@ -270,10 +287,8 @@ def test_no_choices_over_http(model_for: Any) -> None:
 
 
 def test_connection_refused(model_for: Any) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    model = model_for(f"http://127.0.0.1:{port}/v1/")  # a trailing slash is stripped
+    port = closed_port()
+    model = model_for(f"http://127.0.0.1:{port}/v1/", retries=0)  # a trailing slash is stripped
     assert model.url == f"http://127.0.0.1:{port}/v1/chat/completions"
     with pytest.raises(ModelFailure) as caught:
         model.complete(make_request())
@@ -289,7 +304,7 @@ def test_timeout(model_for: Any) -> None:
 
     try:
         with ChatServer(slow) as server:
-            model = model_for(server, timeout_s=0.3)
+            model = model_for(server, timeout_s=0.3, retries=0)
             with pytest.raises(ModelFailure) as caught:
                 model.complete(make_request())
             assert str(caught.value) == f"the model at {model.url} did not answer within 0.3 s"
@@ -299,7 +314,7 @@ def test_timeout(model_for: Any) -> None:
 
 def test_script_running_out_is_an_http_500_and_recorded(model_for: Any) -> None:
     with ChatServer([reply("one")]) as server:
-        model = model_for(server)
+        model = model_for(server, retries=0)
         assert model.complete(make_request()).content == "one"
         with pytest.raises(ModelFailure, match=r"answered HTTP 500: .*script ran out"):
             model.complete(make_request())
@@ -315,6 +330,208 @@ def test_closed_client_fails_cleanly(model_for: Any) -> None:
         with pytest.raises(ModelFailure, match="closed"):
             model.complete(make_request())
         assert server.requests == []
+
+
+# --- retries ----------------------------------------------------------------------------------
+
+FAST = {"retry_backoff_s": 0.01, "retry_max_wait_s": 0.05}
+"""Retry settings that keep a test's waits to a few hundredths of a second."""
+
+
+def test_server_error_then_success_is_retried(model_for: Any) -> None:
+    with ChatServer([RawResponse(status=500, body=b"boom"), reply("ok")]) as server:
+        answer = model_for(server, **FAST).complete(make_request())
+        assert len(server.requests) == 2
+        assert server.errors == []
+    assert answer.content == "ok"
+
+
+def test_429_with_retry_after_zero_then_success(model_for: Any) -> None:
+    limited = RawResponse(status=429, body=b"slow down", headers={"Retry-After": "0"})
+    with ChatServer([limited, reply("ok")]) as server:
+        answer = model_for(server, **FAST).complete(make_request())
+        assert len(server.requests) == 2
+    assert answer.content == "ok"
+
+
+def test_timeout_is_retried(model_for: Any) -> None:
+    release = threading.Event()
+    seen = 0
+
+    def slow_once(body: dict[str, Any]) -> Answer:
+        nonlocal seen
+        seen += 1
+        if seen == 1:
+            release.wait(10)
+        return reply(f"answer {seen}")
+
+    try:
+        with ChatServer(slow_once) as server:
+            answer = model_for(server, timeout_s=0.3, **FAST).complete(make_request())
+            assert len(server.requests) == 2
+    finally:
+        release.set()
+    assert answer.content == "answer 2"
+
+
+def test_connection_refused_is_retried_then_fails(model_for: Any) -> None:
+    model = model_for(f"http://127.0.0.1:{closed_port()}/v1", retries=2, **FAST)
+    with pytest.raises(ModelFailure) as caught:
+        model.complete(make_request())
+    message = str(caught.value)
+    assert message.startswith(f"cannot reach the model at {model.url}: ")
+    assert message.endswith(" (after 3 attempts)")
+
+
+def test_client_error_is_not_retried(model_for: Any) -> None:
+    with ChatServer([RawResponse(status=400, body=b"bad request"), reply("never")]) as server:
+        model = model_for(server, **FAST)
+        with pytest.raises(ModelFailure) as caught:
+            model.complete(make_request())
+        assert len(server.requests) == 1
+    assert str(caught.value) == f"the model at {model.url} answered HTTP 400: bad request"
+
+
+def test_body_not_json_is_not_retried(model_for: Any) -> None:
+    with ChatServer([RawResponse(status=200, body=b"not json"), reply("never")]) as server:
+        with pytest.raises(ModelFailure, match="not valid JSON") as caught:
+            model_for(server, **FAST).complete(make_request())
+        assert len(server.requests) == 1
+    assert "attempts" not in str(caught.value)
+
+
+def test_no_choices_is_not_retried(model_for: Any) -> None:
+    with ChatServer([RawResponse(body=b'{"choices": []}'), reply("never")]) as server:
+        with pytest.raises(ModelFailure, match="no choices"):
+            model_for(server, **FAST).complete(make_request())
+        assert len(server.requests) == 1
+
+
+def test_503_every_time_fails_after_all_attempts(model_for: Any) -> None:
+    def overloaded(body: dict[str, Any]) -> RawResponse:
+        return RawResponse(status=503, body=b"overloaded")
+
+    with ChatServer(overloaded) as server:
+        model = model_for(server, retries=3, **FAST)
+        with pytest.raises(ModelFailure) as caught:
+            model.complete(make_request())
+        assert len(server.requests) == 4
+    assert str(caught.value) == (
+        f"the model at {model.url} answered HTTP 503: overloaded (after 4 attempts)"
+    )
+
+
+def test_a_retried_then_refused_request_counts_its_attempts(model_for: Any) -> None:
+    script = [RawResponse(status=502, body=b"bad gateway"), RawResponse(status=404, body=b"gone")]
+    with ChatServer(script) as server:
+        model = model_for(server, **FAST)
+        with pytest.raises(ModelFailure) as caught:
+            model.complete(make_request())
+        assert len(server.requests) == 2
+    assert (
+        str(caught.value) == f"the model at {model.url} answered HTTP 404: gone (after 2 attempts)"
+    )
+
+
+def test_close_cuts_a_retry_wait_short(model_for: Any) -> None:
+    with ChatServer([RawResponse(status=503, body=b"busy")]) as server:
+        model = model_for(server, retry_backoff_s=30, retry_max_wait_s=60)
+        outcome: list[BaseException] = []
+
+        def complete() -> None:
+            try:
+                model.complete(make_request())
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=complete, daemon=True)
+        worker.start()
+        server.wait_for_requests(1)
+        model.close()
+        worker.join(timeout=10)
+        assert not worker.is_alive(), "complete() waited out the 30 s backoff"
+        assert len(server.requests) == 1
+    assert [str(exc) for exc in outcome] == ["the model client was closed while waiting to retry"]
+    assert isinstance(outcome[0], ModelFailure)
+
+
+def test_a_shared_stop_event_ends_the_wait() -> None:
+    stop = threading.Event()
+    stop.set()  # a shutdown is already under way: the first failure is the last
+    with ChatServer([RawResponse(status=500, body=b"boom"), reply("never")]) as server:
+        config = ModelConfig(base_url=server.base_url, name="m", retry_backoff_s=30)
+        model = HttpChatModel(config, stop=stop)
+        try:
+            with pytest.raises(ModelFailure, match="closed while waiting to retry"):
+                model.complete(make_request())
+        finally:
+            model.close()
+        assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("failure", "retryable"),
+    [
+        (429, True),
+        (500, True),
+        (502, True),
+        (503, True),
+        (504, True),
+        (400, False),
+        (401, False),
+        (404, False),
+        (422, False),
+        (501, False),
+        (httpx.ConnectError("refused"), True),
+        (httpx.ConnectTimeout("slow"), True),
+        (httpx.ReadTimeout("slow"), True),
+        (httpx.RemoteProtocolError("closed early"), True),
+        (httpx.ReadError("reset"), True),
+        (httpx.UnsupportedProtocol("ftp"), False),
+        (httpx.TooManyRedirects("loop"), False),
+    ],
+)
+def test_is_retryable(failure: httpx.HTTPError | int, retryable: bool) -> None:
+    assert is_retryable(failure) is retryable
+
+
+def test_retry_delay_backs_off_exponentially_with_a_little_jitter() -> None:
+    config = ModelConfig(retry_backoff_s=1.0, retry_max_wait_s=100.0)
+    for attempt in range(4):
+        for _ in range(20):
+            assert 2**attempt <= retry_delay(attempt, None, config) <= 2**attempt * 1.1
+    # Headers without Retry-After: the backoff too.
+    assert 1.0 <= retry_delay(0, {"Content-Type": "text/plain"}, config) <= 1.1
+
+
+def test_retry_delay_is_capped() -> None:
+    config = ModelConfig(retry_backoff_s=1.0, retry_max_wait_s=5.0)
+    assert retry_delay(9, None, config) == 5.0
+
+
+def test_retry_after_is_capped_by_the_max_wait() -> None:
+    config = ModelConfig(retry_backoff_s=0.01, retry_max_wait_s=0.05)
+    assert retry_delay(0, {"Retry-After": "3600"}, config) == 0.05
+
+
+def test_retry_after_seconds_replace_the_backoff() -> None:
+    config = ModelConfig(retry_backoff_s=30.0, retry_max_wait_s=60.0)
+    assert retry_delay(0, {"Retry-After": "0"}, config) == 0.0
+    assert retry_delay(3, {"retry-after": " 7 "}, config) == 7.0
+
+
+def test_retry_after_http_date_is_parsed() -> None:
+    config = ModelConfig(retry_backoff_s=0.01, retry_max_wait_s=7200.0)
+    in_an_hour = formatdate(time.time() + 3600, usegmt=True)
+    assert 3500 < retry_delay(0, {"Retry-After": in_an_hour}, config) <= 3600
+    an_hour_ago = formatdate(time.time() - 3600, usegmt=True)
+    assert retry_delay(0, {"Retry-After": an_hour_ago}, config) == 0.0
+
+
+def test_unreadable_retry_after_falls_back_to_the_backoff() -> None:
+    config = ModelConfig(retry_backoff_s=1.0, retry_max_wait_s=60.0)
+    for value in ("soon", "-5", "1.5", ""):
+        assert 1.0 <= retry_delay(0, {"Retry-After": value}, config) <= 1.1
 
 
 # --- headers and concurrency ------------------------------------------------------------------

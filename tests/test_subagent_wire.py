@@ -20,7 +20,9 @@ IT_IS = re.compile(r"It is \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\.\n\n")
 
 
 def wire_config(config: Config, url: str, **loop: Any) -> Config:
-    changes: dict[str, Any] = {"model": ModelConfig(base_url=url, name="local", timeout_s=10)}
+    # No retries: these tests script each answer, a retry would take the next one.
+    model = ModelConfig(base_url=url, name="local", timeout_s=10, retries=0)
+    changes: dict[str, Any] = {"model": model}
     if loop:
         changes["loop"] = msgspec.structs.replace(config.loop, **loop)
     return config.replace(**changes)
