@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("sessions show needs a session ID")
     try:
         code: int = args.fn(args)
-    except (ConfigError, StoreError, ValueError) as exc:
+    except (ConfigError, StoreError, ValueError, OSError) as exc:
         print(f"loopd: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ from messages import (
     ScheduledTurn,
     SessionCrashed,
     SessionLoaded,
+    SessionStopped,
     SessionTurnEnded,
     StartTurn,
     StoreFailed,
@@ -49,7 +50,7 @@ from messages import (
     denial_message,
 )
 
-__all__ = ["ContextActor", "Hold", "HoldTable"]
+__all__ = ["ContextActor", "Hold", "HoldTable", "Live"]
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,21 @@ class Hold:
     """A child's spawn number, so a late timer of an earlier child is recognised."""
     answered: bool = False
     """The waiter has its answer already (a child that timed out is still winding down)."""
+    incarnation: int = 0
+    """The session actor that was told to run this turn."""
 
     @property
     def is_child(self) -> bool:
         """True for a subagent's turn."""
         return self.parent is not None
+
+
+@dataclass(frozen=True)
+class Live:
+    """A running session actor, and its number among the actors of that id."""
+
+    ref: pykka.ActorRef[Any]
+    incarnation: int
 
 
 class HoldTable:
@@ -140,7 +151,8 @@ class ContextActor(pykka.ThreadingActor):
         self.session_env = session_env
         self.clock = clock
         self.holds = HoldTable()
-        self.live: dict[str, pykka.ActorRef[Any]] = {}
+        self.live: dict[str, Live] = {}
+        self.incarnations = itertools.count(1)
         self.timers: dict[str, threading.Timer] = {}
         self.spawns = itertools.count(1)
 
@@ -171,6 +183,8 @@ class ContextActor(pykka.ThreadingActor):
             self._turn_ended(message)
         elif isinstance(message, SessionCrashed):
             self._crashed(message)
+        elif isinstance(message, SessionStopped):
+            self._stopped(message)
         elif isinstance(message, Remember):
             self._remember(message)
         elif isinstance(message, CancelTurn):
@@ -239,13 +253,15 @@ class ContextActor(pykka.ThreadingActor):
 
     def _open(self, hold: Hold, slot: int) -> None:
         live = self.live.get(hold.session)
-        if live is not None:
-            live.tell(self._run_turn(hold))
+        if live is not None and live.ref.is_alive():
+            hold.incarnation = live.incarnation
+            live.ref.tell(self._run_turn(hold))
             return
+        self.live.pop(hold.session, None)  # stopped from outside: rebuild it from the store
         try:
             baseline = build_baseline(self.config, self.registry, self.memory.block())
         except Exception as exc:
-            self.holds.release(hold.session)
+            self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
             self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
             return
@@ -260,8 +276,10 @@ class ContextActor(pykka.ThreadingActor):
         hold = self.holds.get(session)
         if hold is None or session in self.live:
             return  # answered already (the runtime is stopping, say)
-        ref = SessionActor.start(msg.record, self.session_env)
-        self.live[session] = ref
+        incarnation = next(self.incarnations)
+        ref = SessionActor.start(msg.record, self.session_env, incarnation)
+        self.live[session] = Live(ref, incarnation)
+        hold.incarnation = incarnation
         ref.tell(self._run_turn(hold))
 
     def _release(self, session: str) -> Hold | None:
@@ -281,22 +299,27 @@ class ContextActor(pykka.ThreadingActor):
         hold = self.holds.get(msg.session)
         if hold is None:
             return
+        outcome = msg.outcome
+        if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR:
+            # Its memory holds messages the store did not take: rebuild it from the store.
+            live = self.live.pop(msg.session, None)
+            if live is not None:
+                live.ref.stop(block=False)
         if hold.parent is None:
             self._release(msg.session)
-            self.directory.tell(hold.reply_to, msg.outcome)
+            self.directory.tell(hold.reply_to, outcome)
             return
         try:
             self.memory.updated(msg.session, msg.turns)
         except Exception:
             log.warning("memory.updated failed for %s", msg.session, exc_info=True)
         # A child runs one turn; its actor goes, its stored session stays.
-        ref = self.live.pop(msg.session, None)
-        if ref is not None:
-            ref.stop(block=False)
+        live = self.live.pop(msg.session, None)
+        if live is not None:
+            live.ref.stop(block=False)
         self._release(msg.session)
         if hold.answered:
             return
-        outcome = msg.outcome
         if isinstance(outcome, TurnCompleted):
             summary = child_summary(outcome.content, self.config.compact.summary_chars)
             reply: SubagentCompleted | SubagentFailed = SubagentCompleted(
@@ -324,10 +347,23 @@ class ContextActor(pykka.ThreadingActor):
             )
         )
 
+    def _forget(self, session: str, incarnation: int) -> Hold | None:
+        """Drop actor ``incarnation`` of ``session``; the hold it was running, if any.
+
+        A message from an earlier actor of the same id (stopped, then replaced) changes nothing.
+        """
+        live = self.live.get(session)
+        if live is not None and live.incarnation == incarnation:
+            del self.live[session]
+        hold = self.holds.get(session)
+        if hold is None or hold.incarnation != incarnation or hold.answered:
+            return None
+        self._release(session)
+        return hold
+
     def _crashed(self, msg: SessionCrashed) -> None:
-        self.live.pop(msg.session, None)
-        hold = self._release(msg.session)
-        if hold is not None and not hold.answered:
+        hold = self._forget(msg.session, msg.incarnation)
+        if hold is not None:
             self._answer_failure(hold, FailReason.CRASHED, msg.detail)
 
     def _remember(self, msg: Remember) -> None:
@@ -344,15 +380,22 @@ class ContextActor(pykka.ThreadingActor):
         reply = ToolDone(msg.session, ToolResult(msg.call_id, text))
         self.directory.tell(session_address(msg.session), reply)
 
+    def _stopped(self, msg: SessionStopped) -> None:
+        hold = self._forget(msg.session, msg.incarnation)
+        if hold is not None:
+            # It stopped before the RunTurn it was sent could start: that turn will not run.
+            detail = "the session actor stopped before its turn began"
+            self._answer_failure(hold, FailReason.CRASHED, detail)
+
     # Cancellation and time limits.
 
     def _cancel(self, session: str, reason: FailReason, detail: str) -> tuple[str, ...]:
         """Cancel the held turns of ``session`` and its descendants; returns their ids."""
         family = self.holds.family(session)
         for held in family:
-            ref = self.live.get(held)
-            if ref is not None:
-                ref.tell(Cancel(reason, detail))  # it answers through SessionTurnEnded
+            live = self.live.get(held)
+            if live is not None:
+                live.ref.tell(Cancel(reason, detail))  # it answers through SessionTurnEnded
                 continue
             hold = self._release(held)  # still opening: no actor yet to tell
             if hold is not None and not hold.answered:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from messages import (
     Compacted,
     CompactionFailed,
+    JobSkipped,
     ModelAnswered,
     ModelRequestSent,
     SubagentFinished,
@@ -57,6 +58,8 @@ def _describe(event: TurnEvent) -> str:
             return "turn completed"
         case TurnEnded(reason=reason, detail=detail):
             return f"turn failed: {reason}" + (f": {detail}" if detail else "")
+        case JobSkipped(job=job, held=held):
+            return f"skipped {job}: busy ({', '.join(held)})"
         case Compacted(before=before, after=after):
             return f"compacted {before} → {after} chars"
         case CompactionFailed(detail=detail):

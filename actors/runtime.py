@@ -21,6 +21,7 @@ from actors.memory import MemorySource, default_memory
 from actors.model import ChatModel, HttpChatModel, ModelFailure
 from actors.pool import PoolRouter
 from actors.port import PortTool, port_handler
+from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
 from actors.turn import Limits
@@ -152,6 +153,10 @@ class Runtime:
             for address in (EVENTS, STORE, MODEL, PORT):
                 directory.register(address, refs[address])
             refs[CONTEXT] = ContextActor.start(config, directory, registry, memory, env, clock)
+            if config.cron or config.heartbeat:
+                refs[SCHEDULER] = SchedulerActor.start(
+                    config, directory, clock, state_path=config.home_path / STATE_NAME
+                )
         except BaseException:
             for ref in reversed(refs.values()):
                 ref.stop()
@@ -222,12 +227,15 @@ class Runtime:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every actor; every waiting caller is answered, and the store is left consistent.
 
-        Order matters: the Context first (it answers every held turn ``CANCELLED``), then the
-        sessions, then the pools, and the store last, after it has written what it was sent.
+        Order matters: the scheduler first (no new turns), the Context next (it answers every
+        held turn ``CANCELLED``), then the sessions, then the pools, and the store last, after it
+        has written what it was sent.
         """
         if self._stopped:
             return
         self._stopped = True
+        if SCHEDULER in self._refs:  # no new scheduled turn while the rest stops
+            self._refs[SCHEDULER].stop(timeout=timeout)
         self._refs[CONTEXT].stop(timeout=timeout)
         for address in self.directory.addresses():
             if address.startswith("session:"):

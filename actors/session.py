@@ -42,6 +42,7 @@ from messages import (
     RunTurn,
     SessionCrashed,
     SessionRecord,
+    SessionStopped,
     SessionTurnEnded,
     StoreFailed,
     SubagentCompleted,
@@ -71,10 +72,11 @@ class SessionActor(pykka.ThreadingActor):
     or a child is just a state of its :class:`~actors.turn.Turn`, and answers arrive as
     messages. It can be stopped at any idle moment and rebuilt from the store."""
 
-    def __init__(self, record: SessionRecord, env: SessionEnv) -> None:
+    def __init__(self, record: SessionRecord, env: SessionEnv, incarnation: int = 0) -> None:
         super().__init__()
         self.state = SessionState.from_record(record)
         self.env = env
+        self.incarnation = incarnation  # tells the Context which actor of this id speaks
         self.address = session_address(record.id)
         self.turn: Turn | None = None
 
@@ -99,12 +101,18 @@ class SessionActor(pykka.ThreadingActor):
 
     def _abandon(self, detail: str) -> None:
         # Whoever waits on this turn must hear of it; the Context turns this into an answer.
-        if self.turn is not None and not self.turn.done:
+        # Stopped idle, the Context must still forget this actor (and a RunTurn it may lose).
+        if self.turn is None or self.turn.done:
+            self.env.directory.tell(CONTEXT, SessionStopped(self.state.id, self.incarnation))
+            return
+        else:
             effects = self.turn.cancel(FailReason.CRASHED, detail)
             self.turn = None
             # Store the results that keep the transcript valid; nothing else of the turn.
             self._carry_out([e for e in effects if isinstance(e, Persist)])
-            self.env.directory.tell(CONTEXT, SessionCrashed(self.state.id, detail))
+            self.env.directory.tell(
+                CONTEXT, SessionCrashed(self.state.id, detail, self.incarnation)
+            )
 
     # Messages.
 

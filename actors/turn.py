@@ -142,6 +142,14 @@ class Limits:
     untrusted_may_remember: bool = False
 
 
+def _unanswered(state: SessionState, registry: Registry, call: ToolCall, now: datetime) -> str:
+    """The result text of a call that will never get its own: ``<child> failed`` for a child."""
+    if isinstance(route_call(registry, call.name, call.arguments, now), SpawnChild):
+        with contextlib.suppress(ArgumentError):
+            return f"{child_id(state.id, call.id)} failed"
+    return denial_message(DenyReason.INTERRUPTED)
+
+
 def repair_results(
     state: SessionState, registry: Registry, now: datetime
 ) -> tuple[ChatMessage, ...]:
@@ -162,14 +170,10 @@ def repair_results(
             return ()
     else:
         return ()
-    results = []
-    for call in calls:
-        route = route_call(registry, call.name, call.arguments, now)
-        text = denial_message(DenyReason.INTERRUPTED)
-        if isinstance(route, SpawnChild):
-            with contextlib.suppress(ArgumentError):
-                text = f"{child_id(state.id, call.id)} failed"
-        results.append(ChatMessage(role="tool", content=text, tool_call_id=call.id))
+    results = [
+        ChatMessage(role="tool", content=_unanswered(state, registry, c, now), tool_call_id=c.id)
+        for c in calls
+    ]
     return tuple(results)
 
 
@@ -321,6 +325,9 @@ class Turn:
             return []
         self._waiting_for = None
         if self.phase is _Phase.SUMMARISING:
+            if answer.tool_calls or not (answer.content or "").strip():
+                got = "tool calls" if answer.tool_calls else "no text"
+                return self._compaction_failed(f"the summary request was answered with {got}")
             return self._summarised(answer.content or "")
         if self.phase is not _Phase.ASKING:
             return []
@@ -389,7 +396,21 @@ class Turn:
         if self.outcome is not None:
             return self._finish()
         effects: list[Effect] = []
-        repairs = repair_results(self.state, self.registry, self.clock())
+        now = self.clock()
+        if self.phase is _Phase.CALLING:
+            # Results that arrived are kept; only the missing ones are made up.
+            repairs = tuple(
+                ChatMessage(
+                    role="tool",
+                    content=self._results[c.id].text
+                    if c.id in self._results
+                    else _unanswered(self.state, self.registry, c, now),
+                    tool_call_id=c.id,
+                )
+                for c in self._calls
+            )
+        else:
+            repairs = repair_results(self.state, self.registry, now)
         if repairs:
             self.state.transcript.extend(repairs)
             effects.append(Persist(next(self.ids), repairs))

@@ -27,6 +27,7 @@ __all__ = [
     "SessionCrashed",
     "SessionLoaded",
     "SessionRecord",
+    "SessionStopped",
     "SessionTurnEnded",
     "StoreFailed",
     "Tick",
@@ -124,10 +125,11 @@ class SessionTurnEnded(Message, frozen=True):
 
 
 class SessionCrashed(Message, frozen=True):
-    """A session actor failed or was stopped while it held a turn."""
+    """A session actor (number ``incarnation``) failed or was stopped during its turn."""
 
     session: SessionId
     detail: str
+    incarnation: int = 0
 
 
 class PortCall(Message, frozen=True):
@@ -206,3 +208,11 @@ class Remember(Message, frozen=True):
     session: SessionId
     call_id: CallId
     text: str
+
+
+class SessionStopped(Message, frozen=True):
+    """A session actor (number ``incarnation``) stopped while it ran no turn; a RunTurn sent
+    to it may be lost."""
+
+    session: SessionId
+    incarnation: int = 0

@@ -36,7 +36,7 @@ class FailReason(enum.StrEnum):
     STORE_ERROR = "store_error"
     """The session could not be created, opened or written."""
     SPAWN_ERROR = "spawn_error"
-    """A child's baseline could not be built (for example, the memory source failed)."""
+    """A new session's baseline could not be built (for example, the memory source failed)."""
     TIMEOUT = "timeout"
     """A child outlived ``loop.child_timeout_s``; it is cancelled."""
 

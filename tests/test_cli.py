@@ -488,3 +488,12 @@ def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     no_traceback(result)
     assert "usage:" in result.stderr
+
+
+def test_a_home_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = loopd(tmp_path, "run", "--home", blocker / "home", "--base-url", "http://x", "hi")
+    assert result.returncode == 2
+    no_traceback(result)
+    assert str(blocker / "home") in result.stderr or "file" in result.stderr

@@ -208,6 +208,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         "cron:0:mm-thread", "mm-thread", "It is 2026-11-30T07:00:00Z.\n\nMorning.", "scheduler"
     ),
     messages.Tick: lambda: messages.Tick(AT),
+    messages.SessionStopped: lambda: messages.SessionStopped("mm-thread", 2),
 }
 
 

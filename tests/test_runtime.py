@@ -372,3 +372,31 @@ def test_a_stored_session_keeps_its_baseline(loopd_runtime, tmp_path: Path) -> N
     assert "The user's name is Ana." in (first.messages[0].content or "")
     assert second.messages[0] == first.messages[0]
     assert second.tools == first.tools
+
+
+def test_an_idle_session_stopped_from_outside_is_rebuilt_from_the_store(loopd_runtime) -> None:
+    rt = loopd_runtime([reply("one"), reply("two")])
+    assert rt.run_turn("s", "first", timeout=WAIT) == TurnCompleted("s", "one")
+    rt.directory.get("session:s").stop()
+    assert rt.run_turn("s", "second", timeout=WAIT) == TurnCompleted("s", "two")
+    assert rt.context.is_alive()
+    second = rt.model.requests[1]
+    assert [m.content for m in second.messages[1:]] == ["first", "one", "second"]
+
+
+def test_a_failed_spawn_leaves_no_timer_behind(loopd_runtime) -> None:
+    memory = FailingMemory()
+
+    def script(request: ModelRequest):
+        if request.messages[-1].role == "user":
+            memory.broken = True
+            return call("subagent", task="t")
+        return reply(tool_texts(request)[-1])
+
+    rt = loopd_runtime(script, memory_source=memory, loop={"child_timeout_s": 0.05})
+    events = Probe.start(rt.directory)
+    rt.subscribe(events.tell)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")
+    assert events.expect(SubagentFinished).reason is FailReason.SPAWN_ERROR
+    events.expect_none(within=0.3, what=SubagentFinished)
+    events.stop()

@@ -291,3 +291,30 @@ def test_cancel_answers_once_and_keeps_a_decided_outcome() -> None:
     finish_with_compaction(compacting)
     finish = one(compacting.cancel(FailReason.CANCELLED, "stopping"), Finish)
     assert finish.outcome == TurnCompleted("mm-thread", "y" * 40)
+
+
+def test_a_summary_answered_with_tool_calls_is_a_failed_compaction() -> None:
+    turn = new_turn(threshold=50)
+    summarise, _ = finish_with_compaction(turn)
+    effects = turn.model_answer(answer(summarise, None, ("clock", "{}")))
+    failed = one(effects, Emit).event
+    assert isinstance(failed, CompactionFailed) and "tool calls" in failed.detail
+    assert not only(effects, Compact)
+    assert one(effects, Finish).outcome == TurnCompleted("mm-thread", "y" * 40)
+    assert len(turn.state.transcript) == 2
+
+
+def test_cancel_keeps_results_that_arrived_and_answers_the_rest() -> None:
+    turn = new_turn()
+    request = persist_and_ask(turn, turn.start("go"))
+    saved = one(
+        turn.model_answer(answer(request, None, ("lookup", "{}"), ("lookup", "{}"))), Persist
+    )
+    turn.persisted(saved.request_id)
+    turn.tool_result(ToolResult(2, "second arrived"))
+    effects = turn.cancel(FailReason.CANCELLED, "by the user")
+    stored = one(effects, Persist).messages
+    assert [(m.tool_call_id, m.content) for m in stored] == [
+        (1, "Denied: the turn ended before this call returned a result."),
+        (2, "second arrived"),
+    ]
