@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import copy
 import pickle
-import queue
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pykka
@@ -23,6 +21,7 @@ from actors.store import (
     StoreActor,
     StoreError,
 )
+from actors.testing import Probe
 from messages import (
     Appended,
     AppendMessages,
@@ -364,29 +363,18 @@ def test_store_errors_copy_and_pickle_with_their_text() -> None:
 # --- StoreActor ---------------------------------------------------------------------------------
 
 
-class Probe:
-    """A mailbox that queues what it is told, for the test thread to wait on."""
-
-    def __init__(self) -> None:
-        self.inbox: queue.Queue[Any] = queue.Queue()
-
-    def tell(self, message: Any) -> None:
-        self.inbox.put(message)
-
-    def next(self) -> Any:
-        return self.inbox.get(timeout=5)
-
-
 @pytest.fixture
 def directory() -> Directory:
     return Directory()
 
 
 @pytest.fixture
-def probe(directory: Directory) -> Probe:
-    p = Probe()
+def probe(directory: Directory) -> Iterator[Probe]:
+    # The kit's probe, at the fixed address these tests reply to.
+    p = Probe.start(name="probe")
     directory.register("probe", p)
-    return p
+    yield p
+    p.stop()
 
 
 @pytest.fixture

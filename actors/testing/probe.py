@@ -102,6 +102,10 @@ class Probe:
             self._taken.add(found[0])
             return self._received[found[0]]
 
+    def next(self, timeout: float | None = None) -> Any:
+        """Wait for the next message not yet taken, whatever it is, and take it."""
+        return self.expect(_anything, timeout)
+
     def expect_all(self, what: Any, count: int, timeout: float | None = None) -> list[Any]:
         """Wait for ``count`` matching messages and take them, in arrival order."""
         return [self.expect(what, timeout) for _ in range(count)]
@@ -135,6 +139,10 @@ class Probe:
         if self._directory is not None:
             self._directory.unregister(self.address, self)
         self._ref.stop()
+
+
+def _anything(message: Any) -> bool:
+    return True
 
 
 def _matcher(what: Any) -> Callable[[Any], bool]:
