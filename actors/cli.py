@@ -166,18 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, *, endpoint: bool = False) -> None:
         p.add_argument("--config", type=Path, help="a TOML config file")
         p.add_argument("--home", help="the folder of the session store (overrides config)")
+        if endpoint:
+            p.add_argument("--base-url", help="the endpoint, up to /chat/completions")
+            p.add_argument("--model", help="the model name sent with each request")
 
     demo = sub.add_parser("demo", help="a scripted parent, child and grandchild, offline")
     demo.add_argument("--home", help="keep the demo's store here (default: a temporary folder)")
     demo.set_defaults(fn=cmd_demo)
 
     run = sub.add_parser("run", help="one turn against an OpenAI-compatible endpoint")
-    common(run)
-    run.add_argument("--base-url", help="the endpoint, up to /chat/completions")
-    run.add_argument("--model", help="the model name sent with each request")
+    common(run, endpoint=True)
     run.add_argument("--session", default="main", help="the session id (default: main)")
     run.add_argument("--timeout", type=float, default=None, help="seconds to wait for the turn")
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
@@ -185,9 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
 
     repl = sub.add_parser("repl", help="a Python console with a started runtime")
-    common(repl)
-    repl.add_argument("--base-url", help="the endpoint, up to /chat/completions")
-    repl.add_argument("--model", help="the model name sent with each request")
+    common(repl, endpoint=True)
     repl.add_argument("--scripted", action="store_true", help="offline, on the demo's model")
     repl.set_defaults(fn=cmd_repl)
 
