@@ -43,6 +43,7 @@ from messages.runtime import (
 __all__ = [
     "DB_NAME",
     "SCHEMA_VERSION",
+    "Exists",
     "SessionExists",
     "SessionInfo",
     "SessionNotFound",
@@ -109,6 +110,10 @@ class SessionExists(StoreError):
 
     def __init__(self, session: str, detail: str = "already exists") -> None:
         super().__init__(session, detail)
+
+
+Exists = SessionExists
+"""SPEC 7's name for the error of ``create`` on a known id."""
 
 
 class SessionNotFound(StoreError):

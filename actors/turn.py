@@ -317,7 +317,7 @@ class Turn:
         self._waiting_for = None
         if self.phase is _Phase.COMPACTING:
             return self._compaction_failed(f"the store could not compact: {detail}")
-        return self._end(TurnFailed(self.state.id, FailReason.STORE_ERROR, detail))
+        return self.finish_turn(TurnFailed(self.state.id, FailReason.STORE_ERROR, detail))
 
     def model_answer(self, answer: ModelAnswer) -> list[Effect]:
         """The model answered; a stale answer (another request id) is ignored."""
@@ -343,7 +343,7 @@ class Turn:
             content = answer.content or ""
             done = TurnCompleted(self.state.id, content)
             final = ChatMessage(role="assistant", content=content)
-            return effects + self._save((final,), lambda: self._end(done))
+            return effects + self._save((final,), lambda: self.finish_turn(done))
         calls = []
         for proposed in answer.tool_calls:
             calls.append(ToolCall(self.state.next_call_id, proposed.name, proposed.arguments))
@@ -362,7 +362,7 @@ class Turn:
         self._waiting_for = None
         if self.phase is _Phase.SUMMARISING:
             return self._compaction_failed(f"the model could not summarise: {error.detail}")
-        return self._end(TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail))
+        return self.finish_turn(TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail))
 
     def tool_result(self, result: ToolResult) -> list[Effect]:
         """A dispatched call has its result; once all have, they go back in call order."""
@@ -514,9 +514,11 @@ class Turn:
             FailReason.TURN_LIMIT,
             f"the model still called tools after {self.step} requests ({detail})",
         )
-        return self._save((assistant, *refusals), lambda: self._end(failed))
+        return self._save((assistant, *refusals), lambda: self.finish_turn(failed))
 
-    def _end(self, outcome: TurnOutcome) -> list[Effect]:
+    def finish_turn(self, outcome: TurnOutcome) -> list[Effect]:
+        """Every turn ends here, children's included (SPEC 7): the turn's outcome is decided,
+        and a transcript past ``compact.threshold_chars`` is summarised before ``Finish``."""
         effects = self._turn_ended(outcome)
         if self.state.transcript_chars() > self.limits.threshold_chars:
             self.phase = _Phase.SUMMARISING

@@ -82,6 +82,11 @@ class SubagentStarted(_Event, frozen=True):
     call_id: CallId
     child: SessionId
 
+    @property
+    def parent(self) -> str:
+        """The parent session: the same as ``session``."""
+        return self.session
+
 
 class SubagentFinished(_Event, frozen=True):
     """``child`` answered ``session``'s call ``call_id``: completed, or failed for ``reason``."""
@@ -91,6 +96,11 @@ class SubagentFinished(_Event, frozen=True):
     child: SessionId
     completed: bool
     reason: FailReason | None = None
+
+    @property
+    def parent(self) -> str:
+        """The parent session: the same as ``session``."""
+        return self.session
 
 
 class JobSkipped(_Event, frozen=True):
