@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.config import (
     CompactConfig,
@@ -252,3 +255,26 @@ def test_no_api_key_without_api_key_env(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-be-used")
     assert Config().model.api_key_env is None
     assert Config().model.api_key() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_toml_text_loads_or_fails_with_a_config_error(text: str) -> None:
+    with contextlib.suppress(ConfigError):
+        Config.from_toml(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["home", "model", "slots", "loop", "compact", "memory", "x"]),
+        st.one_of(
+            st.integers(), st.text(), st.booleans(), st.dictionaries(st.text(), st.integers())
+        ),
+    )
+)
+def test_any_shape_of_config_fails_only_with_a_config_error(data: dict) -> None:
+    import msgspec
+
+    with contextlib.suppress(ConfigError):
+        Config.from_toml(msgspec.toml.encode(data))
