@@ -520,7 +520,10 @@ class Turn:
         """Every turn ends here, children's included (SPEC 7): the turn's outcome is decided,
         and a transcript past ``compact.threshold_chars`` is summarised before ``Finish``."""
         effects = self._turn_ended(outcome)
-        if self.state.transcript_chars() > self.limits.threshold_chars:
+        # After a store failure the transcript in memory holds messages the store refused:
+        # nothing of them may go to the model, a summary request included.
+        refused = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
+        if not refused and self.state.transcript_chars() > self.limits.threshold_chars:
             self.phase = _Phase.SUMMARISING
             instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
             messages = (*self.state.messages(), instruction)

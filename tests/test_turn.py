@@ -318,3 +318,11 @@ def test_cancel_keeps_results_that_arrived_and_answers_the_rest() -> None:
         (1, "Denied: the turn ended before this call returned a result."),
         (2, "second arrived"),
     ]
+
+
+def test_no_compaction_after_a_store_failure() -> None:
+    turn = new_turn(threshold=10)
+    saved = one(turn.start("a long message that the store refuses"), Persist)
+    effects = turn.store_failed(saved.request_id, "disk full")
+    assert not only(effects, RequestModel)
+    assert one(effects, Finish).outcome.reason is FailReason.STORE_ERROR
