@@ -122,6 +122,7 @@ class Helpers:
 
     def status(self) -> ContextStatus:
         """The Context's answer to ``Inspect()``: held and live session ids."""
+        # The REPL's helpers run on the console thread, outside every actor: blocking is fine.
         answer: ContextStatus = self.rt.context.ask(Inspect(), block=True, timeout=5)
         return answer
 

@@ -92,6 +92,8 @@ def make_script(rng: random.Random):
     def script(request: ModelRequest) -> Answer:
         session = request.session
         last = request.messages[-1]
+        # The simulated model's think time, inside the process that gets killed: it spreads
+        # the kills over more points of a turn. No test waits by sleeping.
         time.sleep(rng.uniform(0, THINK_S))
         if last.role == "user" and last.content == COMPACT_INSTRUCTION:
             return reply(f"{session} so far: some turns, some children, some clock readings.")
