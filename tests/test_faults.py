@@ -255,3 +255,30 @@ def test_sigterm_stops_loopd_run_cleanly(chat_server, tmp_path) -> None:
     assert b"Traceback" not in err
     with SessionStore(home / DB_NAME) as store:
         assert [m.content for m in store.open("s").transcript] == ["hello"]
+
+
+def test_a_child_actor_that_raises_answers_its_parent_and_frees_the_hold(loopd_runtime) -> None:
+    from actors.testing import Answer
+
+    def script(request: ModelRequest):
+        if request.session == "p":
+            if request.messages[-1].role == "user":
+                return call("subagent", task="t")
+            return reply(tool_texts(request)[-1])
+        # A buggy in-process model: tool_calls is not a tuple, and the child's handler raises.
+        return Answer(content="broken", tool_calls=None)  # type: ignore[arg-type]
+
+    rt = loopd_runtime(script)
+    events = Probe.start(rt.directory)
+    rt.subscribe(events.tell)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")
+    finished = events.expect(SubagentFinished)
+    assert finished.reason is FailReason.CRASHED
+    assert rt.context.ask(Inspect(), timeout=WAIT).held == ()
+    assert rt.directory.get("session:sub-p-1") is None
+    # The crashed child's thread is gone: the parent's is the only session thread left.
+    sessions = [t for t in threading.enumerate() if t.name.startswith("SessionActor")]
+    assert len(sessions) == 1
+    # The parent and the runtime go on.
+    assert isinstance(rt.run_turn("p", "again", timeout=WAIT), TurnCompleted)
+    events.stop()
