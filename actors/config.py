@@ -21,6 +21,7 @@ __all__ = [
     "LoopConfig",
     "MemoryConfig",
     "ModelConfig",
+    "PortConfig",
     "SlotsConfig",
 ]
 
@@ -98,6 +99,13 @@ class CompactConfig(_Section, frozen=True):
     """A transcript longer than this (in characters, after the baseline) is compacted."""
 
 
+class PortConfig(_Section, frozen=True):
+    """``[port]``: the workers that run port tools."""
+
+    concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
+    """How many port tool calls may run at once (each on its own worker actor)."""
+
+
 class MemoryConfig(_Section, frozen=True):
     """``[memory]``: the file every new baseline reads, and who may write to it."""
 
@@ -150,6 +158,7 @@ class Config(_Section, frozen=True):
     slots: SlotsConfig = field(default_factory=SlotsConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     compact: CompactConfig = field(default_factory=CompactConfig)
+    port: PortConfig = field(default_factory=PortConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cron: tuple[CronJob, ...] = ()
     """``[[cron]]`` jobs."""

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from types import TracebackType
 from typing import Any
 
 import pykka
@@ -19,6 +20,7 @@ from actors.memory import MemorySource
 from actors.session import SessionActor, SessionEnv
 from actors.spawn import build_baseline, child_summary, child_text
 from messages import (
+    Baseline,
     Cancel,
     CancelTurn,
     ChildTimedOut,
@@ -72,6 +74,10 @@ class Hold:
     """The waiter has its answer already (a child that timed out is still winding down)."""
     incarnation: int = 0
     """The session actor that was told to run this turn."""
+    slot: int = 0
+    """The slot a new session is created on."""
+    open_request: int = 0
+    """The store request that opens this session, so a late answer is told apart."""
 
     @property
     def is_child(self) -> bool:
@@ -131,7 +137,9 @@ class ContextActor(pykka.ThreadingActor):
     of live session actors; the only actor that starts sessions or spawns children.
 
     It never waits: opening a session is a request to the store, a turn is a message to the
-    session, and each answer comes back as a message that moves a hold along.
+    session, and each answer comes back as a message that moves a hold along. A handler that
+    fails is logged and the Context goes on; if the Context itself stops, every held turn is
+    answered.
     """
 
     def __init__(
@@ -152,23 +160,62 @@ class ContextActor(pykka.ThreadingActor):
         self.clock = clock
         self.holds = HoldTable()
         self.live: dict[str, Live] = {}
-        self.incarnations = itertools.count(1)
         self.timers: dict[str, threading.Timer] = {}
+        self.incarnations = itertools.count(1)
         self.spawns = itertools.count(1)
+        self.requests = itertools.count(1)
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
 
     def on_stop(self) -> None:
+        self._shut_down("the runtime stopped")
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._shut_down(f"the Context failed: {exception_value}")
+
+    def _shut_down(self, detail: str) -> None:
+        """Answer every held turn CANCELLED and tell every running one to stop working."""
         for timer in self.timers.values():
             timer.cancel()
-        # Nobody may be left waiting: every held turn is answered CANCELLED.
         for hold in self.holds.drain():
-            if not hold.answered:
-                self._answer_failure(hold, FailReason.CANCELLED, "the runtime stopped")
+            if hold.answered:
+                continue
+            # A session that gets the Cancel ends its turn (storing what keeps its transcript
+            # valid) and emits its own TurnEnded; its answer to us would come too late.
+            told = self._tell_live(hold, Cancel(FailReason.CANCELLED, detail))
+            if hold.parent is not None:
+                if not told:
+                    self._emit(
+                        TurnEnded(
+                            session=hold.session,
+                            completed=False,
+                            reason=FailReason.CANCELLED,
+                            detail=detail,
+                        )
+                    )
+                continue  # its parent is being cancelled too
+            if told:
+                failed = TurnFailed(hold.session, FailReason.CANCELLED, detail)
+                self.directory.tell(hold.reply_to, failed)
+            else:
+                self._answer_failure(hold, FailReason.CANCELLED, detail)
         self.directory.unregister(CONTEXT, self.actor_ref)
 
     def on_receive(self, message: Any) -> Any:
+        try:
+            return self._handle(message)
+        except Exception:
+            # One bad message must not take down the actor every turn depends on.
+            log.exception("context: handling %s failed", type(message).__name__)
+            return None
+
+    def _handle(self, message: Any) -> Any:
         if isinstance(message, StartTurn):
             self._start_turn(message)
         elif isinstance(message, ScheduledTurn):
@@ -223,19 +270,14 @@ class ContextActor(pykka.ThreadingActor):
         try:
             child = child_id(msg.parent, msg.call_id)
         except ArgumentError as exc:  # the session checks first; answer all the same
-            text = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
-            reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
-            self.directory.tell(session_address(msg.parent), reply)
+            self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail))
             return
         limit = self.config.loop.max_children_total
         if self.holds.children() >= limit:
             detail = f"the runtime already runs {limit} children (loop.max_children_total)"
-            text = denial_message(DenyReason.LIMIT, detail)
-            reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
-            self.directory.tell(session_address(msg.parent), reply)
+            self._deny(msg, denial_message(DenyReason.LIMIT, detail))
             return
-        cap = self.config.loop.tool_result_cap
-        text = child_text(msg.task, cap, self.clock())
+        text = child_text(msg.task, self.config.loop.tool_result_cap, self.clock())
         spawn = next(self.spawns)
         hold = Hold(child, text, parent=msg.parent, call_id=msg.call_id, spawn=spawn)
         if not self.holds.hold(hold):
@@ -251,13 +293,46 @@ class ContextActor(pykka.ThreadingActor):
             timer.start()
         self._open(hold, self.config.slots.background)
 
+    def _deny(self, msg: SubagentRequest, text: str) -> None:
+        reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
+        self.directory.tell(session_address(msg.parent), reply)
+
+    # Opening a session: a live actor, or the store (SPEC 5, step 4).
+
     def _open(self, hold: Hold, slot: int) -> None:
+        hold.slot = slot
         live = self.live.get(hold.session)
-        if live is not None and live.ref.is_alive():
+        if live is not None:
             hold.incarnation = live.incarnation
-            live.ref.tell(self._run_turn(hold))
+            if self._tell_live(hold, RunTurn(hold.text, hold.speaker)):
+                return
+            hold.incarnation = 0
+            self.live.pop(hold.session, None)  # stopped from outside: rebuild it from the store
+        # Open first; only a session that is not stored needs a baseline (and so memory).
+        self._ask_store(hold, None)
+
+    def _ask_store(self, hold: Hold, baseline: Baseline | None) -> None:
+        hold.open_request = next(self.requests)
+        request = OpenSession(
+            hold.session, baseline, hold.slot, CONTEXT, request_id=hold.open_request
+        )
+        self.directory.tell(STORE, request)
+
+    def _current(self, session: str, request_id: int) -> Hold | None:
+        """The hold a store answer belongs to, or None for a late answer."""
+        hold = self.holds.get(session)
+        if hold is None or hold.open_request != request_id or hold.answered:
+            return None
+        return hold
+
+    def _store_failed(self, msg: StoreFailed) -> None:
+        hold = self._current(msg.session, msg.request_id)
+        if hold is None:
             return
-        self.live.pop(hold.session, None)  # stopped from outside: rebuild it from the store
+        if not msg.missing:
+            self._release(msg.session)
+            self._answer_failure(hold, FailReason.STORE_ERROR, msg.detail)
+            return
         try:
             baseline = build_baseline(self.config, self.registry, self.memory.block())
         except Exception as exc:
@@ -265,33 +340,45 @@ class ContextActor(pykka.ThreadingActor):
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
             self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
             return
-        self.directory.tell(STORE, OpenSession(hold.session, baseline, slot, reply_to=CONTEXT))
-
-    @staticmethod
-    def _run_turn(hold: Hold) -> RunTurn:
-        return RunTurn(hold.text, hold.speaker)
+        self._ask_store(hold, baseline)
 
     def _loaded(self, msg: SessionLoaded) -> None:
         session = msg.record.id
-        hold = self.holds.get(session)
-        if hold is None or session in self.live:
-            return  # answered already (the runtime is stopping, say)
+        hold = self._current(session, msg.request_id)
+        if hold is None:
+            return  # answered already (cancelled, or the runtime is stopping)
         incarnation = next(self.incarnations)
-        ref = SessionActor.start(msg.record, self.session_env, incarnation)
+        try:
+            ref = SessionActor.start(msg.record, self.session_env, incarnation)
+        except Exception as exc:
+            self._release(session)
+            detail = f"could not start the session actor: {exc}"
+            self._answer_failure(hold, FailReason.CRASHED, detail)
+            return
         self.live[session] = Live(ref, incarnation)
         hold.incarnation = incarnation
-        ref.tell(self._run_turn(hold))
+        self._tell_live(hold, RunTurn(hold.text, hold.speaker))
+
+    def _tell_live(self, hold: Hold, message: Any) -> bool:
+        """Tell ``message`` to the live actor running ``hold``; False if there is none.
+
+        An actor can die between two of our messages; its SessionCrashed (or SessionStopped)
+        is then on its way, and the hold is answered when it arrives.
+        """
+        live = self.live.get(hold.session)
+        if live is None or live.incarnation != hold.incarnation:
+            return False
+        try:
+            live.ref.tell(message)
+        except pykka.ActorDeadError:
+            return False
+        return True
 
     def _release(self, session: str) -> Hold | None:
         timer = self.timers.pop(session, None)
         if timer is not None:
             timer.cancel()
         return self.holds.release(session)
-
-    def _store_failed(self, msg: StoreFailed) -> None:
-        hold = self._release(msg.session)
-        if hold is not None and not hold.answered:
-            self._answer_failure(hold, FailReason.STORE_ERROR, msg.detail)
 
     # Ends (SPEC 5, steps 6 and 7).
 
@@ -300,24 +387,21 @@ class ContextActor(pykka.ThreadingActor):
         if hold is None:
             return
         outcome = msg.outcome
-        if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR:
-            # Its memory holds messages the store did not take: rebuild it from the store.
+        stale = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
+        if hold.parent is not None or stale:
+            # A child runs one turn. A session after a store error holds messages the store
+            # did not take. Either way its actor goes; the stored session stays.
             live = self.live.pop(msg.session, None)
             if live is not None:
                 live.ref.stop(block=False)
+        self._release(msg.session)
         if hold.parent is None:
-            self._release(msg.session)
             self.directory.tell(hold.reply_to, outcome)
             return
         try:
             self.memory.updated(msg.session, msg.turns)
         except Exception:
             log.warning("memory.updated failed for %s", msg.session, exc_info=True)
-        # A child runs one turn; its actor goes, its stored session stays.
-        live = self.live.pop(msg.session, None)
-        if live is not None:
-            live.ref.stop(block=False)
-        self._release(msg.session)
         if hold.answered:
             return
         if isinstance(outcome, TurnCompleted):
@@ -327,16 +411,11 @@ class ContextActor(pykka.ThreadingActor):
             )
             reason = None
         else:
-            reply = SubagentFailed(
-                hold.parent,
-                hold.call_id,
-                msg.session,
-                outcome.reason,
-                msg.untrusted,
-                outcome.detail,
-            )
             reason = outcome.reason
-        self.directory.tell(session_address(hold.parent), reply)
+            reply = SubagentFailed(
+                hold.parent, hold.call_id, msg.session, reason, msg.untrusted, outcome.detail
+            )
+        # The event first, so it reaches the bus before anything the parent does next.
         self._emit(
             SubagentFinished(
                 session=hold.parent,
@@ -346,9 +425,11 @@ class ContextActor(pykka.ThreadingActor):
                 reason=reason,
             )
         )
+        self.directory.tell(session_address(hold.parent), reply)
 
     def _forget(self, session: str, incarnation: int) -> Hold | None:
-        """Drop actor ``incarnation`` of ``session``; the hold it was running, if any.
+        """Drop actor ``incarnation`` of ``session`` and the hold it ran; returns the hold if
+        its waiter still needs an answer.
 
         A message from an earlier actor of the same id (stopped, then replaced) changes nothing.
         """
@@ -356,15 +437,22 @@ class ContextActor(pykka.ThreadingActor):
         if live is not None and live.incarnation == incarnation:
             del self.live[session]
         hold = self.holds.get(session)
-        if hold is None or hold.incarnation != incarnation or hold.answered:
+        if hold is None or hold.incarnation != incarnation:
             return None
         self._release(session)
-        return hold
+        return None if hold.answered else hold
 
     def _crashed(self, msg: SessionCrashed) -> None:
         hold = self._forget(msg.session, msg.incarnation)
         if hold is not None:
             self._answer_failure(hold, FailReason.CRASHED, msg.detail)
+
+    def _stopped(self, msg: SessionStopped) -> None:
+        hold = self._forget(msg.session, msg.incarnation)
+        if hold is not None:
+            # It stopped before the RunTurn it was sent could start: that turn will not run.
+            detail = "the session actor stopped before its turn began"
+            self._answer_failure(hold, FailReason.CRASHED, detail)
 
     def _remember(self, msg: Remember) -> None:
         # The Context owns the memory source, so it does the write (the session asked).
@@ -380,25 +468,17 @@ class ContextActor(pykka.ThreadingActor):
         reply = ToolDone(msg.session, ToolResult(msg.call_id, text))
         self.directory.tell(session_address(msg.session), reply)
 
-    def _stopped(self, msg: SessionStopped) -> None:
-        hold = self._forget(msg.session, msg.incarnation)
-        if hold is not None:
-            # It stopped before the RunTurn it was sent could start: that turn will not run.
-            detail = "the session actor stopped before its turn began"
-            self._answer_failure(hold, FailReason.CRASHED, detail)
-
     # Cancellation and time limits.
 
     def _cancel(self, session: str, reason: FailReason, detail: str) -> tuple[str, ...]:
         """Cancel the held turns of ``session`` and its descendants; returns their ids."""
         family = self.holds.family(session)
         for held in family:
-            live = self.live.get(held)
-            if live is not None:
-                live.ref.tell(Cancel(reason, detail))  # it answers through SessionTurnEnded
-                continue
-            hold = self._release(held)  # still opening: no actor yet to tell
-            if hold is not None and not hold.answered:
+            hold = self.holds.get(held)
+            if hold is None or self._tell_live(hold, Cancel(reason, detail)):
+                continue  # a live session answers through SessionTurnEnded
+            self._release(held)  # still opening: no actor yet to tell
+            if not hold.answered:
                 self._answer_failure(hold, reason, detail)
         return family
 
@@ -417,10 +497,11 @@ class ContextActor(pykka.ThreadingActor):
     def _answer_failure(
         self, hold: Hold, reason: FailReason, detail: str, *, turn_began: bool = True
     ) -> None:
-        """Answer whoever waits on ``hold`` with a failure (the hold is already released).
+        """Answer whoever waits on ``hold`` with a failure the Context decided.
 
         A held turn that ends here ends with a ``TurnEnded`` event like any other; a request
-        refused before it held anything (BUSY) has no turn to end.
+        refused before it held anything (BUSY) has no turn to end. A child that failed this
+        way passes no text to its parent, so it passes no untrusted flag either.
         """
         if turn_began:
             self._emit(
@@ -429,8 +510,6 @@ class ContextActor(pykka.ThreadingActor):
         if hold.parent is None:
             self.directory.tell(hold.reply_to, TurnFailed(hold.session, reason, detail))
             return
-        failed = SubagentFailed(hold.parent, hold.call_id, hold.session, reason, False, detail)
-        self.directory.tell(session_address(hold.parent), failed)
         self._emit(
             SubagentFinished(
                 session=hold.parent,
@@ -440,6 +519,8 @@ class ContextActor(pykka.ThreadingActor):
                 reason=reason,
             )
         )
+        failed = SubagentFailed(hold.parent, hold.call_id, hold.session, reason, False, detail)
+        self.directory.tell(session_address(hold.parent), failed)
 
     def _emit(self, event: Any) -> None:
         self.directory.tell(EVENTS, event)

@@ -22,7 +22,10 @@ __all__ = ["IdleQueue", "PoolRouter", "PoolWorker"]
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Any]
-"""Runs one job and returns the reply; must not raise (turn failures into reply messages)."""
+"""Runs one job and returns the reply (turning expected failures into reply messages)."""
+
+ErrorReply = Callable[[Any, Exception], Any]
+"""The reply to a job whose handler raised anyway: every job is answered."""
 
 
 class IdleQueue:
@@ -59,39 +62,47 @@ class PoolWorker(pykka.ThreadingActor):
     use_daemon_thread = True
 
     def __init__(
-        self, index: int, handler: Handler, router: pykka.ActorRef[Any], directory: Directory
+        self,
+        index: int,
+        handler: Handler,
+        on_error: ErrorReply,
+        router: pykka.ActorRef[Any],
+        directory: Directory,
     ) -> None:
         super().__init__()
         self.index = index
         self.handler = handler
+        self.on_error = on_error
         self.router = router
         self.directory = directory
 
     def on_receive(self, message: Any) -> None:
         try:
             reply = self.handler(message)
-        except Exception:  # a handler bug must not take the worker down with it
+        except Exception as exc:  # a handler bug must neither kill the worker nor lose a reply
             log.exception("pool handler failed on %s", type(message).__name__)
-            reply = None
-        if reply is not None:
-            self.directory.tell(message.reply_to, reply)
+            reply = self.on_error(message, exc)
+        self.directory.tell(message.reply_to, reply)
         self.router.tell(_WorkerIdle(self.index))
 
 
 class PoolRouter(pykka.ThreadingActor):
     """Owns ``size`` workers and spreads jobs over them (see :class:`IdleQueue`)."""
 
-    def __init__(self, size: int, handler: Handler, directory: Directory) -> None:
+    def __init__(
+        self, size: int, handler: Handler, on_error: ErrorReply, directory: Directory
+    ) -> None:
         super().__init__()
         self.size = size
         self.handler = handler
+        self.on_error = on_error
         self.directory = directory
         self.queue = IdleQueue(size)
         self.workers: list[pykka.ActorRef[Any]] = []
 
     def on_start(self) -> None:
         self.workers = [
-            PoolWorker.start(i, self.handler, self.actor_ref, self.directory)
+            PoolWorker.start(i, self.handler, self.on_error, self.actor_ref, self.directory)
             for i in range(self.size)
         ]
 

@@ -10,7 +10,7 @@ from typing import Any
 from actors.dispatch import ArgumentError, parse_json_object
 from messages import DataClass, DenyReason, PortCall, ToolDone, ToolResult, ToolSpec, denial_message
 
-__all__ = ["PortTool", "ToolOutput", "port_handler", "port_tool"]
+__all__ = ["PortTool", "ToolOutput", "port_error", "port_handler", "port_tool"]
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,16 @@ class PortTool:
             return ToolResult(call_id, text, self.data_class, self.untrusted)
         try:
             out = self.fn(args)
+            text = out.text if isinstance(out, ToolOutput) else out
+            if not isinstance(text, str):
+                raise TypeError(f"it returned {type(text).__name__}, not text")
         except Exception as exc:
             log.warning("port tool %s failed", self.name, exc_info=True)
             text = f"Error: the tool {self.name} failed: {type(exc).__name__}: {exc}"
             return ToolResult(call_id, text, self.data_class, self.untrusted)
         if isinstance(out, ToolOutput):
-            return ToolResult(call_id, out.text, out.data_class, out.untrusted or self.untrusted)
-        return ToolResult(call_id, str(out), self.data_class, self.untrusted)
+            return ToolResult(call_id, text, out.data_class, out.untrusted or self.untrusted)
+        return ToolResult(call_id, text, self.data_class, self.untrusted)
 
 
 def port_tool(
@@ -94,3 +97,9 @@ def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall], ToolDone]:
         return ToolDone(call.session, tool.run(call.call_id, call.arguments))
 
     return handle
+
+
+def port_error(call: PortCall, exc: Exception) -> ToolDone:
+    """The port's answer to a call whose handling failed anyway."""
+    text = f"Error: the tool {call.name} failed: {type(exc).__name__}: {exc}"
+    return ToolDone(call.session, ToolResult(call.call_id, text))

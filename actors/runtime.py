@@ -20,7 +20,7 @@ from actors.events import EventBus, Subscribers
 from actors.memory import MemorySource, default_memory
 from actors.model import ChatModel, HttpChatModel, ModelFailure
 from actors.pool import PoolRouter
-from actors.port import PortTool, port_handler
+from actors.port import PortTool, port_error, port_handler
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
@@ -36,13 +36,19 @@ from messages import (
     check_session_id,
 )
 
-__all__ = ["Runtime", "model_handler"]
+__all__ = ["Runtime", "model_error", "model_handler"]
 
 log = logging.getLogger(__name__)
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def model_error(request: ModelRequest, exc: Exception) -> ModelError:
+    """The model pool's answer to a request whose handling failed anyway."""
+    detail = f"the model client failed: {type(exc).__name__}: {exc}"
+    return ModelError(request.session, request.request_id, detail)
 
 
 def model_handler(model: ChatModel) -> Callable[[ModelRequest], ModelReply]:
@@ -55,8 +61,7 @@ def model_handler(model: ChatModel) -> Callable[[ModelRequest], ModelReply]:
             return ModelError(request.session, request.request_id, str(exc))
         except Exception as exc:
             log.exception("model client failed")
-            detail = f"the model client failed: {type(exc).__name__}: {exc}"
-            return ModelError(request.session, request.request_id, detail)
+            return model_error(request, exc)
 
     return handle
 
@@ -103,6 +108,7 @@ class Runtime:
         self._subscribers = subscribers
         self._refs = refs
         self._stopped = False
+        self._owns_model = True
 
     @classmethod
     def start(
@@ -145,10 +151,10 @@ class Runtime:
             refs[EVENTS] = EventBus.start(subscribers)
             refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
             refs[MODEL] = PoolRouter.start(
-                config.model.concurrency, model_handler(chat_model), directory
+                config.model.concurrency, model_handler(chat_model), model_error, directory
             )
             refs[PORT] = PoolRouter.start(
-                max(1, min(8, len(tools))), port_handler(tools), directory
+                config.port.concurrency, port_handler(tools), port_error, directory
             )
             for address in (EVENTS, STORE, MODEL, PORT):
                 directory.register(address, refs[address])
@@ -160,8 +166,12 @@ class Runtime:
         except BaseException:
             for ref in reversed(refs.values()):
                 ref.stop()
+            if model is None:
+                chat_model.close()
             raise
-        return cls(config, directory, subscribers, refs, chat_model, registry)
+        runtime = cls(config, directory, subscribers, refs, chat_model, registry)
+        runtime._owns_model = model is None  # a model passed in is the caller's to close
+        return runtime
 
     @property
     def context(self) -> pykka.ActorRef[Any]:
@@ -242,9 +252,10 @@ class Runtime:
                 ref = self.directory.get(address)
                 if isinstance(ref, pykka.ActorRef):
                     ref.stop(timeout=timeout)
-        # Close the model first: a worker waiting to retry gives up at once instead of holding
+        # Close our model first: a worker waiting to retry gives up at once instead of holding
         # up the pool's stop.
-        self.model.close()
+        if self._owns_model:
+            self.model.close()
         for address in (MODEL, PORT, STORE, EVENTS):
             self._refs[address].stop(timeout=timeout)
 

@@ -533,14 +533,20 @@ class StoreActor(pykka.ThreadingActor):
         return self.store
 
     def _open(self, msg: OpenSession) -> SessionLoaded | StoreFailed:
+        rid = msg.request_id
         try:
             store = self._store()
+            if msg.baseline is None:
+                return SessionLoaded(store.open(msg.session), False, rid)
             if msg.create_only:
-                return SessionLoaded(store.create(msg.session, msg.baseline, msg.slot), True)
+                return SessionLoaded(store.create(msg.session, msg.baseline, msg.slot), True, rid)
             record, created = store.open_or_create(msg.session, msg.baseline, msg.slot)
-            return SessionLoaded(record, created)
+            return SessionLoaded(record, created, rid)
         except Exception as exc:
-            return self._failed(msg.session, exc, 0, exists=isinstance(exc, SessionExists))
+            failed = self._failed(msg.session, exc, rid, exists=isinstance(exc, SessionExists))
+            if isinstance(exc, SessionNotFound):
+                failed = msgspec.structs.replace(failed, missing=True)
+            return failed
 
     def _write(self, msg: AppendMessages | CompactHistory) -> Appended | StoreFailed:
         try:

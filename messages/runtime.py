@@ -52,16 +52,20 @@ class SessionRecord(Message, frozen=True):
 
 
 class OpenSession(Message, frozen=True):
-    """Open ``session``, creating it with ``baseline`` on ``slot`` if it is not stored yet.
+    """Open ``session``; with a ``baseline``, create it on ``slot`` if it is not stored yet.
 
+    Without a baseline a session that is not stored is ``StoreFailed(missing=True)``: the
+    Context then builds a baseline (reading memory) only for a session that is really new.
     With ``create_only`` a stored session is an error (``StoreFailed(exists=True)``).
+    ``request_id`` comes back in the answer, so a late answer is told from a current one.
     """
 
     session: SessionId
-    baseline: Baseline
+    baseline: Baseline | None
     slot: int
     reply_to: str
     create_only: bool = False
+    request_id: int = 0
 
 
 class SessionLoaded(Message, frozen=True):
@@ -69,15 +73,18 @@ class SessionLoaded(Message, frozen=True):
 
     record: SessionRecord
     created: bool
+    request_id: int = 0
 
 
 class StoreFailed(Message, frozen=True):
-    """A store operation on ``session`` failed; ``exists`` for a create of a known id."""
+    """A store operation on ``session`` failed; ``exists`` for a create of a known id,
+    ``missing`` for an open (without a baseline) of an unknown one."""
 
     session: SessionId
     detail: str
     exists: bool = False
     request_id: int = 0
+    missing: bool = False
 
 
 class AppendMessages(Message, frozen=True):

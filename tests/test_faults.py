@@ -282,3 +282,138 @@ def test_a_child_actor_that_raises_answers_its_parent_and_frees_the_hold(loopd_r
     # The parent and the runtime go on.
     assert isinstance(rt.run_turn("p", "again", timeout=WAIT), TurnCompleted)
     events.stop()
+
+
+class BlockingMemory:
+    """A memory source whose remember() blocks the Context until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def block(self) -> str:
+        return ""
+
+    def updated(self, session: str, turns: int) -> None:
+        pass
+
+    def remember(self, line: str) -> None:
+        self.entered.set()
+        self.release.wait(WAIT)
+
+
+def test_the_context_survives_a_child_that_died_before_its_cancel(loopd_runtime) -> None:
+    from messages import CancelTurn
+
+    memory = BlockingMemory()
+
+    def script(request: ModelRequest):
+        if request.session == "p" and request.messages[-1].role == "user":
+            return call("subagent", task="t")
+        if request.session == "p":
+            return reply(tool_texts(request)[-1])
+        return call("remember", text="x")
+
+    rt = loopd_runtime(script, memory_source=memory)
+    answer = Probe.start(rt.directory)
+    try:
+        rt.send_turn("p", "go", reply_to=answer.address)
+        assert memory.entered.wait(WAIT)  # the Context is busy writing memory for the child
+        rt.context.tell(CancelTurn("p"))
+        rt.directory.get("session:sub-p-1").stop()  # dies; its news queues behind the cancel
+    finally:
+        memory.release.set()
+    assert answer.expect(TurnFailed).reason is FailReason.CANCELLED
+    assert rt.context.is_alive()
+    assert rt.context.ask(Inspect(), timeout=WAIT).held == ()
+    answer.stop()
+
+
+def test_a_tool_that_returns_no_text_answers_an_error(loopd_runtime) -> None:
+    from actors import port_tool
+
+    @port_tool("count", "Count.")
+    def count(args):
+        return 42
+
+    def script(request: ModelRequest):
+        if request.messages[-1].role == "user":
+            return call("count")
+        return reply(tool_texts(request)[-1])
+
+    rt = loopd_runtime(script, tools=[count])
+    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted(
+        "s", "Error: the tool count failed: TypeError: it returned int, not text"
+    )
+
+
+def test_calls_to_one_port_tool_run_concurrently(loopd_runtime) -> None:
+    from actors import port_tool
+
+    both = threading.Barrier(2, timeout=WAIT)
+
+    @port_tool("slow", "Slow.")
+    def slow(args):
+        both.wait()  # only returns once the other call is running too
+        return "done"
+
+    def script(request: ModelRequest):
+        if request.messages[-1].role == "user":
+            return calls(("slow", {}), ("slow", {}))
+        return reply(" ".join(tool_texts(request)))
+
+    rt = loopd_runtime(script, tools=[slow])
+    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted("s", "done done")
+
+
+def test_stopping_the_runtime_stops_turns_rather_than_only_answering_them(
+    loopd_runtime, loopd_config
+) -> None:
+    release = threading.Event()
+
+    def script(request: ModelRequest):
+        if request.session == "p" and request.messages[-1].role == "user":
+            return call("subagent", task="t")
+        if request.session == "p":
+            return reply("the parent went on after the stop")
+        release.wait(WAIT)
+        return reply("child")
+
+    rt = loopd_runtime(script)
+    answer = Probe.start(rt.directory)
+    try:
+        rt.send_turn("p", "go", reply_to=answer.address)
+        rt.model.wait_for_requests(2)
+        rt.stop()
+        assert answer.expect(TurnFailed).reason is FailReason.CANCELLED
+    finally:
+        release.set()
+    answer.stop()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        parent = store.open("p").transcript
+    assert [(m.role, m.content) for m in parent[1:]] == [
+        ("assistant", None),
+        ("tool", "sub-p-1 failed"),
+    ]
+    assert len(rt.model.requests) == 2
+
+
+def test_a_childs_finish_is_published_before_its_parent_goes_on(loopd_runtime) -> None:
+    from messages import ToolCallFinished
+
+    def script(request: ModelRequest):
+        if request.session == "p" and request.messages[-1].role == "user":
+            return call("subagent", task="t")
+        return reply("ok")
+
+    rt = loopd_runtime(script)
+    events = Probe.start(rt.directory)
+    rt.subscribe(events.tell)
+    for i in range(20):
+        rt.run_turn("p", f"go {i}", timeout=WAIT)
+    seen = events.expect_all(
+        lambda e: isinstance(e, SubagentFinished | ToolCallFinished) and e.session == "p", 40
+    )
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds == ["SubagentFinished", "ToolCallFinished"] * 20
+    events.stop()

@@ -400,3 +400,15 @@ def test_a_failed_spawn_leaves_no_timer_behind(loopd_runtime) -> None:
     assert events.expect(SubagentFinished).reason is FailReason.SPAWN_ERROR
     events.expect_none(within=0.3, what=SubagentFinished)
     events.stop()
+
+
+def test_a_broken_memory_file_fails_only_new_sessions(loopd_runtime, loopd_config) -> None:
+    rt = loopd_runtime(lambda request: reply("ok"))
+    assert rt.run_turn("old", "hello", timeout=WAIT) == TurnCompleted("old", "ok")
+    rt.stop()
+    (loopd_config.home_path / "MEMORY.md").mkdir()  # a folder where the file should be
+    rt = loopd_runtime(lambda request: reply("still ok"))
+    assert rt.run_turn("old", "again", timeout=WAIT) == TurnCompleted("old", "still ok")
+    failed = rt.run_turn("new", "hello", timeout=WAIT)
+    assert isinstance(failed, TurnFailed) and failed.reason is FailReason.SPAWN_ERROR
+    assert "MEMORY.md" in failed.detail
