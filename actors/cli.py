@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from actors.config import Config, ConfigError
-from actors.render import render_event
+from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore, StoreError
 from messages import TurnCompleted, TurnEvent, check_session_id
@@ -93,15 +93,6 @@ def cmd_repl(args: argparse.Namespace) -> int:
     return run_repl(_config(args), scripted=args.scripted)
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    return "\n".join(lines)
-
-
 def cmd_sessions(args: argparse.Namespace) -> int:
     """List stored sessions, or show one."""
     config = _config(args)
@@ -129,7 +120,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             ]
             for i in infos
         ]
-        print(_table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+        print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
     return 0
 
 

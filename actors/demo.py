@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.render import depth
+from actors.dispatch import depth_of
 from actors.testing.script import Answer, call, reply
 from messages import ModelRequest
 
@@ -19,7 +19,7 @@ _TASKS = {
 
 def demo_script(request: ModelRequest) -> Answer:
     """The demo's model: each level delegates one step down, the deepest reads the clock."""
-    level = depth(request.session)
+    level = depth_of(request.session)
     last = request.messages[-1]
     if last.role == "user":
         if level in _TASKS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -26,6 +27,10 @@ class MemorySource(Protocol):
         ...
 
 
+UPDATES_KEPT = 1000
+"""How many ``updated`` calls a FileMemory keeps (the newest), so a long run stays bounded."""
+
+
 class FileMemory:
     """A :class:`MemorySource` reading one UTF-8 text file, afresh on every :meth:`block`."""
 
@@ -33,7 +38,7 @@ class FileMemory:
         """Read from ``path``; it need not exist (yet)."""
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._updates: list[tuple[str, int]] = []
+        self._updates: deque[tuple[str, int]] = deque(maxlen=UPDATES_KEPT)
 
     def block(self) -> str:
         """The file's text; ``""`` when there is no file.
@@ -58,10 +63,12 @@ class FileMemory:
             raise MemoryFailure("there is nothing to remember: the text is empty")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._lock, self.path.open("a", encoding="utf-8") as out:
-                if out.tell() > 0 and not self.path.read_text(encoding="utf-8").endswith("\n"):
-                    out.write("\n")
-                out.write(f"- {text}\n")
+            with self._lock, self.path.open("ab+") as out:
+                # Only the last byte matters: does the file end its last line?
+                end = out.seek(0, 2)
+                if end and (out.seek(end - 1), out.read(1))[1] != b"\n":
+                    out.write(b"\n")
+                out.write(f"- {text}\n".encode())
         except OSError as exc:
             raise MemoryFailure(f"cannot write memory file {self.path}: {exc}") from exc
 

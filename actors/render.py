@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from actors.dispatch import depth_of
 from messages import (
     Compacted,
     CompactionFailed,
@@ -17,18 +18,18 @@ from messages import (
     TurnStarted,
 )
 
-__all__ = ["depth", "render_event"]
+__all__ = ["render_event", "table"]
 
 _PREVIEW = 72
 
 
-def depth(session: str) -> int:
-    """How deep a session sits in the tree: ``sub-sub-x-1-1`` is 2."""
-    n = 0
-    while session.startswith("sub-"):
-        session = session[4:]
-        n += 1
-    return n
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Rows as a plain text table: columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
 
 
 def _preview(text: str | None) -> str:
@@ -69,5 +70,5 @@ def _describe(event: TurnEvent) -> str:
 
 def render_event(event: TurnEvent) -> str:
     """One line for ``event``: time, session (indented by depth) and what happened."""
-    indent = "│ " * depth(event.session)
+    indent = "│ " * depth_of(event.session)
     return f"{event.at:%H:%M:%S} {indent}{event.session}  {_describe(event)}"

@@ -20,7 +20,7 @@ import pykka
 import messages
 from actors.config import Config
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
-from actors.render import render_event
+from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore
 from messages import (
@@ -75,14 +75,6 @@ def resolve_address(target: str) -> str:
     if target in SERVICES or ":" in target:
         return target
     return session_address(check_session_id(target))
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    )
 
 
 def _print(text: str) -> None:
@@ -159,7 +151,7 @@ class Helpers:
         if not rows:
             _print("no sessions")
             return
-        _print(_table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "STATE"]))
+        _print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "STATE"]))
 
     def held(self) -> tuple[str, ...]:
         """The ids a running turn holds now (a user's turn or a subagent's), sorted."""

@@ -161,10 +161,7 @@ class SessionActor(pykka.ThreadingActor):
 
     def record(self) -> SessionRecord:
         """The session as it stands now, in the shape the store gives it."""
-        s = self.state
-        return SessionRecord(
-            s.id, s.baseline, s.slot, tuple(s.transcript), s.turns, s.next_call_id, s.untrusted
-        )
+        return self.state.to_record()
 
     def _carry_out(self, effects: list[Effect]) -> None:
         tell = self.env.directory.tell

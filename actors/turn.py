@@ -114,6 +114,18 @@ class SessionState:
             untrusted=record.untrusted,
         )
 
+    def to_record(self) -> SessionRecord:
+        """The state in the shape the store gives it back."""
+        return SessionRecord(
+            self.id,
+            self.baseline,
+            self.slot,
+            tuple(self.transcript),
+            self.turns,
+            self.next_call_id,
+            self.untrusted,
+        )
+
     def messages(self) -> tuple[ChatMessage, ...]:
         """What a model request carries: the system message, then the transcript."""
         system = ChatMessage(role="system", content=self.baseline.system)

@@ -83,3 +83,24 @@ def test_default_memory(tmp_path: Path) -> None:
 def test_file_memory_is_a_memory_source(tmp_path: Path) -> None:
     source: MemorySource = FileMemory(tmp_path / "MEMORY.md")
     assert isinstance(source, MemorySource)
+
+
+def test_remember_starts_a_new_line_and_keeps_what_was_there(tmp_path) -> None:
+    from actors.memory import FileMemory
+
+    path = tmp_path / "MEMORY.md"
+    path.write_text("Written by hand, no newline at the end")
+    memory = FileMemory(path)
+    memory.remember("first\nsecond")
+    memory.remember("third")
+    assert path.read_text() == ("Written by hand, no newline at the end\n- first second\n- third\n")
+
+
+def test_updates_keep_only_the_newest(tmp_path) -> None:
+    from actors.memory import UPDATES_KEPT, FileMemory
+
+    memory = FileMemory(tmp_path / "MEMORY.md")
+    for turn in range(UPDATES_KEPT + 5):
+        memory.updated("s", turn)
+    assert len(memory.updates) == UPDATES_KEPT
+    assert memory.updates[-1] == ("s", UPDATES_KEPT + 4)
