@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from actors import Config, Runtime
+from actors import Config, LoopConfig, Runtime
 from actors.testing import ScriptedModel, calls, reply
 from actors.testing.script import Answer
 from messages import ModelRequest, TurnCompleted
@@ -73,13 +73,19 @@ def fan_out_script(width: int) -> Callable[[ModelRequest], Answer]:
             return reply("child done")
         if last.role == "user":
             return calls(*[("subagent", {"task": f"part {i}"}) for i in range(width)])
+        done = [
+            m for m in request.messages if m.role == "tool" and "completed" in (m.content or "")
+        ]
+        assert len(done) == width, f"only {len(done)} of {width} children completed"
         return reply("all done")
 
     return script
 
 
 def bench_fan_out(home: str, width: int, rounds: int) -> None:
-    rt = Runtime.start(Config(home=home), model=ScriptedModel(fan_out_script(width)))
+    # Raise the per-answer child limit (default 8) so every call really spawns a child.
+    config = Config(home=home, loop=LoopConfig(max_children=width))
+    rt = Runtime.start(config, model=ScriptedModel(fan_out_script(width)))
     try:
         lat = []
         for i in range(rounds):
