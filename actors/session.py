@@ -105,18 +105,16 @@ class SessionActor(pykka.ThreadingActor):
         if self.turn is None or self.turn.done:
             self.env.directory.tell(CONTEXT, SessionStopped(self.state.id, self.incarnation))
             return
-        else:
-            turn, self.turn = self.turn, None
-            # Report first: if the fault that stopped us strikes again below, the Context
-            # has still heard, and its waiter is answered.
-            crashed = SessionCrashed(self.state.id, detail, self.incarnation)
-            self.env.directory.tell(CONTEXT, crashed)
-            try:
-                effects = turn.cancel(FailReason.CRASHED, detail)
-                # Store the results that keep the transcript valid; nothing else of the turn.
-                self._carry_out([e for e in effects if isinstance(e, Persist)])
-            except Exception:
-                log.exception("%s: could not store the repair of its cut-off turn", detail)
+        turn, self.turn = self.turn, None
+        # Report first: if the fault that stopped us strikes again below, the Context has
+        # still heard, and its waiter is answered.
+        self.env.directory.tell(CONTEXT, SessionCrashed(self.state.id, detail, self.incarnation))
+        try:
+            effects = turn.cancel(FailReason.CRASHED, detail)
+            # Store the results that keep the transcript valid; nothing else of the turn.
+            self._carry_out([e for e in effects if isinstance(e, Persist)])
+        except Exception:
+            log.exception("%s: could not store the repair of its cut-off turn", self.state.id)
 
     # Messages.
 
