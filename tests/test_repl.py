@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 
 from actors.config import Config
 from actors.repl import resolve_address, run_repl
-
-pexpect = pytest.importorskip("pexpect")
 
 PROMPT = ">>> "
 DEMO_TURN = 'turn("demo", "Plan a short walk for this afternoon.")'
