@@ -1,0 +1,84 @@
+"""The Context alone, driven message by message: the test plays the store with a probe."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import pytest
+
+from actors import Config, Directory
+from actors.context import ContextActor
+from actors.directory import STORE
+from actors.dispatch import Registry
+from actors.memory import FileMemory
+from actors.session import SessionEnv
+from actors.testing import Probe
+from actors.turn import Limits
+from messages import (
+    CancelTurn,
+    ContextStatus,
+    FailReason,
+    Inspect,
+    OpenSession,
+    StartTurn,
+    StoreFailed,
+    TurnFailed,
+)
+
+NOW = datetime(2026, 11, 30, 7, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def harness(tmp_path):
+    directory = Directory()
+    store = Probe.start(name="fake-store")
+    directory.register(STORE, store)
+    env = SessionEnv(
+        directory, Registry(), Limits(4, 100, 100, 10_000), lambda: NOW, itertools.count(1)
+    )
+    config = Config(home=str(tmp_path))
+    memory = FileMemory(tmp_path / "MEMORY.md")
+    context = ContextActor.start(config, directory, Registry(), memory, env, lambda: NOW)
+    yield directory, store, context
+    context.stop()
+    store.stop()
+
+
+def test_a_late_store_answer_does_not_touch_a_newer_turn(harness) -> None:
+    directory, store, context = harness
+    first, second = Probe.start(directory), Probe.start(directory)
+    context.tell(StartTurn("s", "one", reply_to=first.address))
+    opening = store.expect(OpenSession)
+    assert opening.baseline is None  # a stored session needs no baseline, so no memory read
+
+    context.tell(CancelTurn("s"))  # cancelled while the store is still opening it
+    assert first.expect(TurnFailed).reason is FailReason.CANCELLED
+    context.tell(StartTurn("s", "two", reply_to=second.address))
+    reopening = store.expect(OpenSession)
+    assert reopening.request_id != opening.request_id
+
+    # The first open's answer arrives late: it belongs to a turn that is gone.
+    context.tell(StoreFailed("s", "late news", request_id=opening.request_id))
+    second.expect_none(within=0.2)
+    assert context.ask(Inspect(), timeout=5) == ContextStatus(held=("s",), live=())
+
+    context.tell(StoreFailed("s", "disk full", request_id=reopening.request_id))
+    failed = second.expect(TurnFailed)
+    assert (failed.reason, failed.detail) == (FailReason.STORE_ERROR, "disk full")
+    assert context.ask(Inspect(), timeout=5).held == ()
+    first.stop()
+    second.stop()
+
+
+def test_a_new_session_gets_its_baseline_only_after_the_store_says_it_is_new(harness) -> None:
+    directory, store, context = harness
+    waiter = Probe.start(directory)
+    context.tell(StartTurn("fresh", "hi", reply_to=waiter.address))
+    opening = store.expect(OpenSession)
+    context.tell(StoreFailed("fresh", "is not stored", request_id=opening.request_id, missing=True))
+    creating = store.expect(OpenSession)
+    assert creating.baseline is not None and creating.slot == 0
+    assert creating.request_id != opening.request_id
+    waiter.expect_none(within=0.1)
+    waiter.stop()
