@@ -18,6 +18,7 @@ __all__ = [
     "ChildTimedOut",
     "CompactHistory",
     "ContextStatus",
+    "CreateChild",
     "Inspect",
     "OpenSession",
     "PortCall",
@@ -49,6 +50,8 @@ class SessionRecord(Message, frozen=True):
     turns: int
     next_call_id: int
     untrusted: bool
+    parent: SessionId | None = None
+    """The session whose spawn created this one (a child); None for a top-level session."""
 
 
 class OpenSession(Message, frozen=True):
@@ -68,6 +71,26 @@ class OpenSession(Message, frozen=True):
     request_id: int = 0
 
 
+class CreateChild(Message, frozen=True):
+    """Create child ``session`` of ``parent`` with its first user message, in one transaction.
+
+    The child is stored on ``slot`` with ``baseline``, ``untrusted`` as its parent's flag at the
+    spawn, ``first`` as its only message and one turn counted, and answered ``SessionLoaded``
+    (``created=True``). A stored record that the same parent's spawn created is opened as it is
+    (``created=False``, ``first`` not stored); any other stored record with that id is
+    ``StoreFailed(taken=True)`` and nothing of it is used.
+    """
+
+    session: SessionId
+    parent: SessionId
+    baseline: Baseline
+    slot: int
+    untrusted: bool
+    first: ChatMessage
+    reply_to: str
+    request_id: int = 0
+
+
 class SessionLoaded(Message, frozen=True):
     """The store's answer to :class:`OpenSession`; ``created`` if it was new."""
 
@@ -78,13 +101,15 @@ class SessionLoaded(Message, frozen=True):
 
 class StoreFailed(Message, frozen=True):
     """A store operation on ``session`` failed; ``exists`` for a create of a known id,
-    ``missing`` for an open (without a baseline) of an unknown one."""
+    ``missing`` for an open (without a baseline) of an unknown one, ``taken`` for a
+    :class:`CreateChild` whose id holds a record that parent's spawn did not create."""
 
     session: SessionId
     detail: str
     exists: bool = False
     request_id: int = 0
     missing: bool = False
+    taken: bool = False
 
 
 class AppendMessages(Message, frozen=True):
@@ -116,10 +141,15 @@ class Appended(Message, frozen=True):
 
 
 class RunTurn(Message, frozen=True):
-    """The Context tells a session actor to run one turn on ``text``."""
+    """The Context tells a session actor to run one turn on ``text``.
+
+    ``stored``: the store holds ``text`` as the turn's user message already, and has counted
+    the turn (a new child's record is created with it), so the turn asks the model at once.
+    """
 
     text: str
     speaker: str | None = None
+    stored: bool = False
 
 
 class SessionTurnEnded(Message, frozen=True):

@@ -74,11 +74,16 @@ TurnOutcome = TurnCompleted | TurnFailed
 
 
 class SubagentRequest(Message, frozen=True):
-    """A session asks the Context to run ``task`` in a child session for its call ``call_id``."""
+    """A session asks the Context to run ``task`` in a child session for its call ``call_id``.
+
+    ``untrusted`` is the parent's flag at the spawn: the child starts with it (SPEC 5 and the
+    guide's untrusted rule), so what the flag denies the parent is denied the child too.
+    """
 
     parent: SessionId
     call_id: CallId
     task: str
+    untrusted: bool = False
 
 
 class SubagentCompleted(Message, frozen=True):

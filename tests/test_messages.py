@@ -22,6 +22,7 @@ from messages import (
     ChatMessage,
     Compacted,
     CompactHistory,
+    CreateChild,
     CompactionFailed,
     ContextStatus,
     DataClass,
@@ -83,6 +84,7 @@ RECORD = SessionRecord(
     turns=2,
     next_call_id=4,
     untrusted=True,
+    parent="mm",
 )
 
 # One sample per concrete message class, every optional field set away from its default where
@@ -129,6 +131,16 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         reply_to="session/mm-thread",
     ),
     ModelRequestSent: lambda: ModelRequestSent(session="mm-thread", slot=1, step=3, at=AT),
+    CreateChild: lambda: CreateChild(
+        session="sub-mm-thread-3",
+        parent="mm-thread",
+        baseline=BASELINE,
+        slot=1,
+        untrusted=True,
+        first=USER,
+        reply_to="context",
+        request_id=5,
+    ),
     OpenSession: lambda: OpenSession(
         session="mm-thread",
         baseline=BASELINE,
@@ -140,7 +152,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         session="mm-thread", call_id=5, name="hostname", arguments="{}", reply_to="port"
     ),
     ProposedCall: lambda: ProposedCall(name="subagent", arguments='{"task": "t"}'),
-    RunTurn: lambda: RunTurn(text="hello", speaker="ann"),
+    RunTurn: lambda: RunTurn(text="hello", speaker="ann", stored=True),
     SessionCrashed: lambda: SessionCrashed(session="mm-thread", detail="boom"),
     SessionLoaded: lambda: SessionLoaded(record=RECORD, created=True),
     SessionRecord: lambda: RECORD,
@@ -154,7 +166,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         session="mm-thread", text="hello", speaker="ann", reply_to="supervisor"
     ),
     StoreFailed: lambda: StoreFailed(
-        session="mm-thread", detail="exists", exists=True, request_id=4
+        session="mm-thread", detail="exists", exists=True, request_id=4, missing=True, taken=True
     ),
     SubagentCompleted: lambda: SubagentCompleted(
         parent="mm-thread",
@@ -179,7 +191,9 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         reason=FailReason.BUSY,
         at=AT,
     ),
-    SubagentRequest: lambda: SubagentRequest(parent="mm-thread", call_id=2, task="look"),
+    SubagentRequest: lambda: SubagentRequest(
+        parent="mm-thread", call_id=2, task="look", untrusted=True
+    ),
     SubagentStarted: lambda: SubagentStarted(
         session="mm-thread", call_id=1, child="sub-mm-thread-1", at=AT
     ),

@@ -15,6 +15,7 @@ import pytest
 
 from actors.directory import STORE, Directory
 from actors.store import (
+    SCHEMA_VERSION,
     SessionExists,
     SessionNotFound,
     SessionStore,
@@ -104,7 +105,9 @@ def test_create_then_open_round_trips_the_baseline_byte_for_byte(db: Path) -> No
     assert opened.slot == 3
     assert msgspec.json.encode(opened.baseline) == msgspec.json.encode(BASELINE)
     with raw_db(db) as raw:
-        (stored,) = raw.execute("SELECT baseline FROM sessions").fetchone()
+        (stored,) = raw.execute(
+            "SELECT b.body FROM sessions s JOIN baselines b ON b.hash = s.baseline"
+        ).fetchone()
     assert stored == msgspec.json.encode(BASELINE)
 
 
@@ -112,7 +115,7 @@ def test_store_file_is_configured_for_durability(store: SessionStore, db: Path) 
     assert db.is_file()
     with raw_db(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (1,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (2,)
 
 
 def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
