@@ -23,8 +23,10 @@ from messages import (
     Baseline,
     Cancel,
     CancelTurn,
+    ChatMessage,
     ChildTimedOut,
     ContextStatus,
+    CreateChild,
     DenyReason,
     FailReason,
     Inspect,
@@ -291,11 +293,38 @@ class ContextActor(pykka.ThreadingActor):
             timer.daemon = True
             self.timers[child] = timer
             timer.start()
-        self._open(hold, self.config.slots.background)
+        self._create_child(hold, msg.untrusted)
 
     def _deny(self, msg: SubagentRequest, text: str) -> None:
         reply = ToolDone(msg.parent, ToolResult(msg.call_id, text))
         self.directory.tell(session_address(msg.parent), reply)
+
+    def _create_child(self, hold: Hold, untrusted: bool) -> None:
+        """SPEC 5, steps 2 and 4, in one store request: a child's id is always new, so its
+        record and first message are created at once, with its parent's untrusted flag. The
+        store opens a stored record only if that parent's spawn created it."""
+        assert hold.parent is not None
+        hold.slot = self.config.slots.background
+        try:
+            baseline = build_baseline(self.config, self.registry, self.memory.block())
+        except Exception as exc:
+            self._release(hold.session)
+            detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
+            self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
+            return
+        hold.open_request = next(self.requests)
+        first = ChatMessage(role="user", content=hold.text)
+        request = CreateChild(
+            hold.session,
+            hold.parent,
+            baseline,
+            hold.slot,
+            untrusted,
+            first,
+            CONTEXT,
+            hold.open_request,
+        )
+        self.directory.tell(STORE, request)
 
     # Opening a session: a live actor, or the store (SPEC 5, step 4).
 
@@ -331,7 +360,10 @@ class ContextActor(pykka.ThreadingActor):
             return
         if not msg.missing:
             self._release(msg.session)
-            self._answer_failure(hold, FailReason.STORE_ERROR, msg.detail)
+            # A child id whose record its parent did not create is a failed spawn, not a
+            # broken store: the record is left as it is and nothing of it is used.
+            reason = FailReason.SPAWN_ERROR if msg.taken else FailReason.STORE_ERROR
+            self._answer_failure(hold, reason, msg.detail)
             return
         try:
             baseline = build_baseline(self.config, self.registry, self.memory.block())
@@ -357,7 +389,9 @@ class ContextActor(pykka.ThreadingActor):
             return
         self.live[session] = Live(ref, incarnation)
         hold.incarnation = incarnation
-        self._tell_live(hold, RunTurn(hold.text, hold.speaker))
+        # A new child's record holds its first message already: its turn asks the model at once.
+        stored = hold.is_child and msg.created
+        self._tell_live(hold, RunTurn(hold.text, hold.speaker, stored=stored))
 
     def _tell_live(self, hold: Hold, message: Any) -> bool:
         """Tell ``message`` to the live actor running ``hold``; False if there is none.

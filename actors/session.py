@@ -155,7 +155,7 @@ class SessionActor(pykka.ThreadingActor):
         self.turn = Turn(
             self.state, self.env.registry, self.env.limits, self.env.request_ids, self.env.clock
         )
-        self._carry_out(self.turn.start(message.text, message.speaker))
+        self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
 
     def record(self) -> SessionRecord:
         """The session as it stands now, in the shape the store gives it."""
@@ -200,7 +200,7 @@ class SessionActor(pykka.ThreadingActor):
             elif isinstance(effect, WriteMemory):
                 tell(CONTEXT, Remember(s.id, effect.call_id, effect.text))
             elif isinstance(effect, Spawn):
-                tell(CONTEXT, SubagentRequest(s.id, effect.call_id, effect.task))
+                tell(CONTEXT, SubagentRequest(s.id, effect.call_id, effect.task, s.untrusted))
             elif isinstance(effect, Compact):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):

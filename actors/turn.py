@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -78,6 +78,7 @@ __all__ = [
     "Spawn",
     "Turn",
     "WriteMemory",
+    "message_chars",
     "repair_results",
     "subagent_result_text",
 ]
@@ -89,9 +90,23 @@ COMPACT_INSTRUCTION = (
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 
 
+def message_chars(messages: Iterable[ChatMessage]) -> int:
+    """Characters of ``messages`` as compaction counts them: content, tool names, arguments."""
+    total = 0
+    for message in messages:
+        total += len(message.content or "")
+        for call in message.tool_calls:
+            total += len(call.name) + len(call.arguments)
+    return total
+
+
 @dataclass
 class SessionState:
-    """A session's state as its actor keeps it; mirrors what the store holds."""
+    """A session's state as its actor keeps it; mirrors what the store holds.
+
+    Grow the transcript with :meth:`extend` and replace it with :meth:`replace`, so the running
+    length that compaction checks stays true without summing the transcript every turn.
+    """
 
     id: str
     baseline: Baseline
@@ -100,6 +115,11 @@ class SessionState:
     turns: int = 0
     next_call_id: int = 1
     untrusted: bool = False
+    parent: str | None = None
+    _chars: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._chars = message_chars(self.transcript)
 
     @classmethod
     def from_record(cls, record: SessionRecord) -> SessionState:
@@ -112,6 +132,7 @@ class SessionState:
             turns=record.turns,
             next_call_id=record.next_call_id,
             untrusted=record.untrusted,
+            parent=record.parent,
         )
 
     def to_record(self) -> SessionRecord:
@@ -124,6 +145,7 @@ class SessionState:
             self.turns,
             self.next_call_id,
             self.untrusted,
+            self.parent,
         )
 
     def messages(self) -> tuple[ChatMessage, ...]:
@@ -131,14 +153,20 @@ class SessionState:
         system = ChatMessage(role="system", content=self.baseline.system)
         return (system, *self.transcript)
 
+    def extend(self, messages: Iterable[ChatMessage]) -> None:
+        """Append ``messages`` to the transcript."""
+        added = list(messages)
+        self.transcript.extend(added)
+        self._chars += message_chars(added)
+
+    def replace(self, messages: Iterable[ChatMessage]) -> None:
+        """Make ``messages`` the whole transcript (after a compaction)."""
+        self.transcript = list(messages)
+        self._chars = message_chars(self.transcript)
+
     def transcript_chars(self) -> int:
         """Characters of the transcript after the baseline (what compaction is measured on)."""
-        total = 0
-        for message in self.transcript:
-            total += len(message.content or "")
-            for call in message.tool_calls:
-                total += len(call.name) + len(call.arguments)
-        return total
+        return self._chars
 
 
 @dataclass(frozen=True)
@@ -299,15 +327,21 @@ class Turn:
 
     # Inputs.
 
-    def start(self, text: str, speaker: str | None = None) -> list[Effect]:
-        """Begin the turn with the user's ``text``."""
+    def start(self, text: str, speaker: str | None = None, *, stored: bool = False) -> list[Effect]:
+        """Begin the turn with the user's ``text``.
+
+        ``stored``: the session was created with ``text`` as its last message and this turn
+        counted (a new child), so the turn asks the model at once.
+        """
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
+        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
+        if stored:
+            return [event, *self._ask()]
         self.state.turns += 1
         # A turn cut off by a crash left calls without results: answer them first.
         repairs = repair_results(self.state, self.registry, self.clock())
         user = ChatMessage(role="user", content=text, name=speaker)
-        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
         return [event, *self._save((*repairs, user), self._ask)]
 
     def persisted(self, request_id: int) -> list[Effect]:
@@ -424,7 +458,7 @@ class Turn:
         else:
             repairs = repair_results(self.state, self.registry, now)
         if repairs:
-            self.state.transcript.extend(repairs)
+            self.state.extend(repairs)
             effects.append(Persist(next(self.ids), repairs))
         outcome = TurnFailed(self.state.id, reason, detail)
         return [*effects, *self._turn_ended(outcome), *self._finish()]
@@ -444,7 +478,7 @@ class Turn:
     def _save(
         self, messages: tuple[ChatMessage, ...], then: Callable[[], list[Effect]]
     ) -> list[Effect]:
-        self.state.transcript.extend(messages)
+        self.state.extend(messages)
         self.phase = _Phase.SAVING
         self._after_save = then
         return [Persist(self._next_id(), messages)]
@@ -568,7 +602,7 @@ class Turn:
     def _compacted(self) -> list[Effect]:
         assert self._summary is not None
         before = self.state.transcript_chars()
-        self.state.transcript = [self._summary]
+        self.state.replace([self._summary])
         after = self.state.transcript_chars()
         compacted = Compacted(session=self.state.id, before=before, after=after)
         return [Emit(compacted), *self._finish()]
