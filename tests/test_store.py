@@ -19,8 +19,10 @@ from actors.store import (
     SessionExists,
     SessionNotFound,
     SessionStore,
+    SessionTaken,
     StoreActor,
     StoreError,
+    StoreFileReplaced,
 )
 from actors.testing import Probe
 from messages import (
@@ -29,6 +31,7 @@ from messages import (
     Baseline,
     ChatMessage,
     CompactHistory,
+    CreateChild,
     OpenSession,
     SessionLoaded,
     StoreFailed,
@@ -303,7 +306,7 @@ def test_a_well_formed_but_wrong_row_is_also_an_error(db: Path) -> None:
         store.append("s", [user("a")], turns=1, next_call_id=1, untrusted=False)
     with raw_db(db) as raw:
         raw.execute("UPDATE messages SET body = ?", (b'{"type": "ChatMessage", "role": "robot"}',))
-        raw.execute("UPDATE sessions SET baseline = ?", (b"[]",))
+        raw.execute("UPDATE baselines SET body = ?", (b"[]",))
     with SessionStore(db) as store:
         with pytest.raises(StoreError, match="baseline"):
             store.open("s")
@@ -501,3 +504,272 @@ def test_store_actor_closes_the_store_consistently_on_stop(db: Path, directory: 
     assert probe.next() == Appended("s", 1)
     with SessionStore(db) as store:
         assert store.open("s").transcript == (user("kept"),)
+
+
+# --- Schema 2: baselines stored once, version 1 stores migrated ---------------------------------
+
+# The schema of version 1 stores, exactly as loopd wrote it, to make a file of the old kind.
+V1_SCHEMA = """
+CREATE TABLE sessions (
+    id           TEXT PRIMARY KEY NOT NULL,
+    baseline     BLOB NOT NULL,
+    slot         INTEGER NOT NULL,
+    turns        INTEGER NOT NULL DEFAULT 0,
+    next_call_id INTEGER NOT NULL DEFAULT 1 CHECK (next_call_id >= 1),
+    untrusted    INTEGER NOT NULL DEFAULT 0 CHECK (untrusted IN (0, 1)),
+    created_at   TEXT NOT NULL,
+    updated_at   TEXT NOT NULL
+);
+CREATE TABLE messages (
+    session   TEXT NOT NULL REFERENCES sessions(id),
+    seq       INTEGER NOT NULL CHECK (seq >= 1),
+    body      BLOB NOT NULL,
+    compacted INTEGER NOT NULL DEFAULT 0 CHECK (compacted IN (0, 1)),
+    at        TEXT NOT NULL,
+    PRIMARY KEY (session, seq)
+);
+PRAGMA user_version = 1;
+"""
+
+
+def make_v1_store(db: Path) -> None:
+    """A version 1 loopd.db: two sessions sharing a baseline, one with another, some history."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    enc = msgspec.json.encode
+    at = "2026-11-01T00:00:00.000Z"
+    with raw_db(db) as raw:
+        raw.executescript(V1_SCHEMA)
+        rows = [
+            ("mm", enc(BASELINE), 0, 1, 2, 0),
+            ("sub-mm-1", enc(BASELINE), 1, 1, 1, 1),
+            ("other", enc(OTHER), 0, 0, 1, 0),
+        ]
+        for sid, body, slot, turns, next_call_id, untrusted in rows:
+            raw.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (sid, body, slot, turns, next_call_id, untrusted, at, at),
+            )
+        for seq, message in enumerate(conversation(), 1):
+            raw.execute(
+                "INSERT INTO messages VALUES ('mm', ?, ?, ?, ?)",
+                (seq, enc(message), int(seq < 3), at),
+            )
+        raw.execute("INSERT INTO messages VALUES ('sub-mm-1', 1, ?, 0, ?)", (enc(user("t")), at))
+
+
+def test_a_version_1_store_is_migrated_and_keeps_working(db: Path) -> None:
+    make_v1_store(db)
+    with SessionStore(db) as store:
+        mm = store.open("mm")
+        assert mm.baseline == BASELINE and mm.slot == 0
+        assert mm.transcript == tuple(conversation()[2:])  # compacted rows stay compacted
+        assert (mm.turns, mm.next_call_id, mm.untrusted, mm.parent) == (1, 2, False, None)
+        assert [m.seq for m in store.history("mm")] == [1, 2, 3, 4]
+        child = store.open("sub-mm-1")
+        assert (child.untrusted, child.transcript, child.parent) == (True, (user("t"),), None)
+        assert store.open("other").baseline == OTHER
+        store.append("mm", [user("after")], turns=2, next_call_id=2, untrusted=False)
+        store.create("new", BASELINE, 0)
+    with raw_db(db) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
+        assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
+        assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+    # Opened again (now version 2), nothing moves.
+    with SessionStore(db) as store:
+        assert store.open("mm").transcript[-1] == user("after")
+        assert [i.id for i in store.list_sessions()] == ["mm", "new", "other", "sub-mm-1"]
+
+
+def test_a_migrated_child_record_is_not_taken_for_a_child(db: Path) -> None:
+    # A version 1 record never said who created it, so no spawn may open it as its child.
+    make_v1_store(db)
+    with SessionStore(db) as store, pytest.raises(SessionTaken):
+        store.create_child("sub-mm-1", "mm", BASELINE, 1, untrusted=False, first=user("go"))
+
+
+def test_a_baseline_is_stored_once_however_many_sessions_use_it(
+    store: SessionStore, db: Path
+) -> None:
+    for i in range(5):
+        store.create(f"s{i}", BASELINE, 0)
+    store.create_child("sub-s0-1", "s0", BASELINE, 1, untrusted=False, first=user("t"))
+    store.create("x", OTHER, 0)
+    with raw_db(db) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
+    assert all(store.open(f"s{i}").baseline == BASELINE for i in range(5))
+    assert store.open("x").baseline == OTHER
+
+
+# --- Children: created with their first message, opened only by their parent ------------------
+
+
+def test_a_child_is_created_with_its_first_message_its_parent_and_its_flag(db: Path) -> None:
+    with SessionStore(db) as store:
+        record, created = store.create_child(
+            "sub-p-1", "p", BASELINE, 1, untrusted=True, first=user("It is now.\n\ntask")
+        )
+    assert created
+    assert record.transcript == (user("It is now.\n\ntask"),)
+    assert (record.turns, record.next_call_id, record.untrusted) == (1, 1, True)
+    assert (record.parent, record.slot) == ("p", 1)
+    with SessionStore(db) as store:  # a restart reads the same back, flag included
+        assert store.open("sub-p-1") == record
+        assert store.list_sessions()[0].parent == "p"
+
+
+def test_a_child_record_its_parent_created_is_opened_as_stored(store: SessionStore) -> None:
+    first, _ = store.create_child("sub-p-1", "p", BASELINE, 1, untrusted=False, first=user("a"))
+    again, created = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=True, first=user("b"))
+    assert not created
+    assert again == first  # its own baseline and history; the new first message is not added
+
+
+@pytest.mark.parametrize("forger", ["top-level", "another parent"])
+def test_a_child_id_taken_by_another_record_is_refused_and_left_alone(
+    store: SessionStore, forger: str
+) -> None:
+    if forger == "top-level":
+        store.create("sub-p-1", OTHER, 0)
+        store.append("sub-p-1", [user("forged history")], turns=1, next_call_id=1, untrusted=False)
+    else:
+        store.create_child("sub-p-1", "q", OTHER, 0, untrusted=False, first=user("forged"))
+    before = store.history("sub-p-1")
+    with pytest.raises(SessionTaken, match=r"'sub-p-1'.*taken.*'p'"):
+        store.create_child("sub-p-1", "p", BASELINE, 1, untrusted=False, first=user("real"))
+    assert store.history("sub-p-1") == before
+
+
+# --- Group commit ----------------------------------------------------------------------------
+
+
+def append(session: str, rid: int, text: str, next_call_id: int = 1) -> AppendMessages:
+    return AppendMessages(
+        session,
+        rid,
+        (user(text),),
+        turns=1,
+        next_call_id=next_call_id,
+        untrusted=False,
+        reply_to="probe",
+    )
+
+
+def test_requests_waiting_in_the_inbox_commit_in_one_transaction_and_fail_alone(
+    actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe, db: Path
+) -> None:
+    for sid in ("a", "b", "c"):
+        directory.tell(STORE, OpenSession(sid, BASELINE, 0, reply_to="probe", create_only=True))
+    assert all(isinstance(m, SessionLoaded) for m in probe.expect_all(SessionLoaded, 3))
+    store: SessionStore = actor.proxy().store.get(timeout=5)
+    statements: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(statements.append)
+
+    # Hold the store busy with a first request while the rest queue up behind it.
+    with store._lock:
+        directory.tell(STORE, append("a", 1, "first"))
+        for rid, (sid, next_call_id) in enumerate(
+            [("a", 1), ("b", 1), ("ghost", 1), ("c", 5), ("c", 2), ("b", 1)], start=2
+        ):
+            directory.tell(STORE, append(sid, rid, f"m{rid}", next_call_id))
+        directory.tell(
+            STORE,
+            CreateChild("sub-a-1", "a", BASELINE, 1, True, user("task"), "probe", request_id=8),
+        )
+        directory.tell(STORE, CompactHistory("b", 9, user("summary"), reply_to="probe"))
+    answers = {m.request_id: m for m in probe.expect_all(lambda m: True, 9)}
+
+    assert isinstance(answers[8], SessionLoaded) and answers[8].created
+    assert answers[1] == Appended("a", 1)
+    assert answers[9] == Appended("b", 9)
+    # The two that were wrong fail alone; everything else in their transaction is stored.
+    assert isinstance(answers[4], StoreFailed) and "ghost" in answers[4].detail
+    assert isinstance(answers[6], StoreFailed) and "below the stored 5" in answers[6].detail
+    ok = [rid for rid, m in answers.items() if isinstance(m, Appended)]
+    assert sorted(ok) == [1, 2, 3, 5, 7, 9]
+    commits = [s for s in statements if s == "COMMIT"]
+    # Nine requests, at most two transactions: the first may have been taken alone, before the
+    # others arrived; every one behind it went into one.
+    assert len(commits) in (1, 2), statements
+    with SessionStore(db) as reader:
+        assert [m.content for m in reader.open("a").transcript] == ["first", "m2"]
+        assert reader.open("b").transcript == (user("summary"),)
+        assert reader.open("c").next_call_id == 5
+        assert reader.open("sub-a-1").untrusted
+
+
+def test_with_group_commit_off_each_request_is_its_own_transaction(
+    db: Path, directory: Directory, probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(StoreActor, "max_batch", 1)
+    ref = StoreActor.start(db, directory)
+    try:
+        directory.register(STORE, ref)
+        directory.tell(STORE, OpenSession("a", BASELINE, 0, reply_to="probe"))
+        probe.expect(SessionLoaded)
+        store: SessionStore = ref.proxy().store.get(timeout=5)
+        statements: list[str] = []
+        assert store._conn is not None
+        store._conn.set_trace_callback(statements.append)
+        with store._lock:
+            for rid in range(1, 6):
+                directory.tell(STORE, append("a", rid, f"m{rid}"))
+        assert [m.request_id for m in probe.expect_all(Appended, 5)] == [1, 2, 3, 4, 5]
+        assert statements.count("COMMIT") == 5
+    finally:
+        ref.stop()
+
+
+def test_a_batch_whose_commit_fails_answers_each_request_alone(db: Path) -> None:
+    with SessionStore(db) as store:
+        store.create("a", BASELINE, 0)
+
+        def ok(cur: sqlite3.Cursor) -> str:
+            store.append_in(cur, "a", [user("kept")], turns=1, next_call_id=1, untrusted=False)
+            return "ok"
+
+        def aborts(cur: sqlite3.Cursor) -> str:
+            # A statement that ends the whole transaction: its savepoint is gone with it.
+            cur.execute("ROLLBACK")
+            return "never"
+
+        results = store.run_batch([("a", ok), ("a", aborts), ("a", ok)])
+        assert results[0] == "ok" and results[2] == "ok"
+        assert isinstance(results[1], Exception)
+        # Run again one by one, the good jobs stored their message once each.
+        assert [m.content for m in store.open("a").transcript] == ["kept", "kept"]
+
+
+# --- The store file removed or replaced ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_store_file_removed_or_replaced_is_noticed_and_never_written(
+    actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe, db: Path, how: str
+) -> None:
+    directory.tell(STORE, OpenSession("s", BASELINE, 0, reply_to="probe"))
+    probe.expect(SessionLoaded)
+    if how == "removed":
+        db.unlink()
+    else:
+        other = db.with_name("other.db")
+        with SessionStore(other) as fresh:
+            fresh.create("s", OTHER, 0)
+        other.replace(db)
+    directory.tell(STORE, append("s", 1, "lost?"))
+    directory.tell(STORE, CompactHistory("s", 2, user("x"), reply_to="probe"))
+    for rid in (1, 2):
+        failed = probe.expect(lambda m, rid=rid: m.request_id == rid)
+        assert isinstance(failed, StoreFailed)
+        assert f"the store file {db} was removed or replaced" in failed.detail
+    if how == "replaced":
+        with SessionStore(db) as reader:  # the file now at the path was not written to
+            assert reader.open("s").transcript == ()
+
+
+def test_a_session_store_refuses_writes_after_its_file_is_removed(db: Path) -> None:
+    with SessionStore(db) as store:
+        store.create("s", BASELINE, 0)
+        db.unlink()
+        with pytest.raises(StoreFileReplaced, match="removed or replaced"):
+            store.append("s", [user("x")], turns=1, next_call_id=1, untrusted=False)
