@@ -16,6 +16,7 @@ from actors.config import (
     SlotsConfig,
 )
 from actors.directory import Directory
+from actors.lock import HomeInUse
 from actors.memory import FileMemory, MemoryFailure, MemorySource
 from actors.model import ChatModel, HttpChatModel, ModelFailure
 from actors.port import PortTool, ToolOutput, port_tool
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigError",
     "Directory",
     "FileMemory",
+    "HomeInUse",
     "HttpChatModel",
     "LoopConfig",
     "MemoryFailure",

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from actors.config import Config, ConfigError
+from actors.lock import HomeInUse
 from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore, StoreError
@@ -197,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("sessions show needs a session ID")
     try:
         code: int = args.fn(args)
-    except (ConfigError, StoreError, ValueError, OSError) as exc:
+    except (ConfigError, StoreError, HomeInUse, ValueError, OSError) as exc:
         print(f"loopd: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

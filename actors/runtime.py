@@ -17,6 +17,7 @@ from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
 from actors.events import EventBus, Subscribers
+from actors.lock import HomeLock
 from actors.memory import MemorySource, default_memory
 from actors.model import ChatModel, HttpChatModel, ModelFailure
 from actors.pool import PoolRouter
@@ -109,6 +110,7 @@ class Runtime:
         self._refs = refs
         self._stopped = False
         self._owns_model = True
+        self._home_lock: HomeLock | None = None
 
     @classmethod
     def start(
@@ -125,10 +127,32 @@ class Runtime:
         ``model`` replaces the HTTP client (for example with the test kit's ``ScriptedModel``),
         ``tools`` are the port's tools, ``memory`` replaces the ``home/MEMORY.md`` source, and
         ``clock`` the wall clock (for tests that pin the time).
+
+        Raises :class:`~actors.lock.HomeInUse` if another runtime holds ``config.home``.
         """
         tools = list(tools or ())
         registry = Registry(tool.spec for tool in tools)
         config.home_path.mkdir(parents=True, exist_ok=True)
+        # One runtime per home: two would reuse call ids and miscount turns (issue 8).
+        home_lock = HomeLock.acquire(config.home_path)
+        try:
+            runtime = cls._start(config, registry, model, tools, memory, clock)
+        except BaseException:
+            home_lock.release()
+            raise
+        runtime._home_lock = home_lock
+        return runtime
+
+    @classmethod
+    def _start(
+        cls,
+        config: Config,
+        registry: Registry,
+        model: ChatModel | None,
+        tools: list[PortTool],
+        memory: MemorySource | None,
+        clock: Callable[[], datetime],
+    ) -> Runtime:
         # Open the store once here so a bad file fails the start, not every later turn.
         SessionStore(config.home_path / DB_NAME).close()
         chat_model = model if model is not None else HttpChatModel(config.model)
@@ -258,6 +282,8 @@ class Runtime:
             self.model.close()
         for address in (MODEL, PORT, STORE, EVENTS):
             self._refs[address].stop(timeout=timeout)
+        if self._home_lock is not None:  # last: the store has written what it was sent
+            self._home_lock.release()
 
     def __enter__(self) -> Runtime:
         return self

@@ -10,6 +10,7 @@ import itertools
 import threading
 from datetime import UTC, datetime
 
+import pykka
 import pytest
 
 from actors import Config, Directory, ToolOutput, port_tool
@@ -61,6 +62,10 @@ def harness(tmp_path):
     )
     yield context, store, model, parent
     context.stop()
+    for address in directory.addresses():  # the child actors the Context started
+        ref = directory.get(address)
+        if address.startswith("session:") and isinstance(ref, pykka.ActorRef):
+            ref.stop()
     for probe in (store, model, parent):
         probe.stop()
 
@@ -182,7 +187,7 @@ def test_a_compacted_child_keeps_its_parents_flag(loopd_runtime, loopd_config) -
 
 
 def test_after_a_cancel_the_child_and_the_resumed_parent_stay_untrusted(
-    loopd_runtime, loopd_config
+    loopd_runtime, loopd_config, probe
 ) -> None:
     release = threading.Event()
     child_asked = threading.Event()
@@ -198,9 +203,11 @@ def test_after_a_cancel_the_child_and_the_resumed_parent_stay_untrusted(
         return injected(request)
 
     rt = loopd_runtime(script, tools=[fetch])
-    rt.send_turn("u", "read the page")
+    waiter = probe(rt.directory)
+    rt.send_turn("u", "read the page", reply_to=waiter.address)
     assert child_asked.wait(WAIT)
     assert set(rt.cancel("u")) == {"sub-u-2", "u"}
+    assert waiter.expect(TurnFailed, timeout=WAIT).reason is FailReason.CANCELLED
     release.set()
     # The next turn of the parent spawns a child that starts untrusted, as its parent still is.
     assert rt.run_turn("u", "again", timeout=WAIT) == TurnCompleted(

@@ -221,7 +221,9 @@ def test_a_session_id_never_names_a_path(loopd_runtime, loopd_config, bad) -> No
         rt.run_turn(bad, "hi", timeout=WAIT)
     rt.stop()
     assert sorted(p.name for p in loopd_config.home_path.iterdir()) == sorted(
-        p.name for p in loopd_config.home_path.iterdir() if p.name.startswith("loopd.db")
+        p.name
+        for p in loopd_config.home_path.iterdir()
+        if p.name.startswith("loopd.db") or p.name == "loopd.lock"
     )
 
 
