@@ -128,3 +128,72 @@ def test_the_server_can_be_used_without_pytest() -> None:
         body = {"messages": []}
         answer = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=5).json()
     assert answer["choices"][0]["message"]["content"] == "plain"
+
+
+IN_FLIGHT = """
+import threading
+
+from actors import ModelConfig
+
+never = threading.Event()
+
+
+def hang(body):
+    never.wait()  # the server never answers
+    raise AssertionError("unreachable")
+
+
+def test_leaves_a_model_request_in_flight(chat_server, loopd_runtime, loopd_config):
+    server = chat_server(hang)
+    model = ModelConfig(base_url=server.base_url, name="m", timeout_s=600)
+    rt = loopd_runtime(config=loopd_config.replace(model=model))
+    rt.send_turn("s", "hi")
+    server.wait_for_requests(1, timeout=10)
+"""
+
+
+def test_a_run_whose_test_leaves_a_request_in_flight_still_passes(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_in_flight=IN_FLIGHT)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-o", "loopd_stop_timeout=1", timeout=60
+    )
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    assert "Timeout" not in result.stdout.str()
+    assert "Timeout" not in result.stderr.str()
+
+
+STUCK_ACTOR = """
+import threading
+
+import pykka
+
+release = threading.Event()
+
+
+class Stuck(pykka.ThreadingActor):
+    def on_receive(self, message):
+        release.wait(30)  # busy past the kit's deadline; let go at interpreter exit
+
+
+def test_leaves_a_busy_actor(request):
+    ref = Stuck.start()
+    ref.tell("work")
+    request.config.add_cleanup(release.set)  # after the plugin's sessionfinish
+"""
+
+
+def test_an_actor_that_cannot_be_stopped_is_a_warning_not_a_failure(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_stuck=STUCK_ACTOR)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-o", "loopd_stop_timeout=0.5", timeout=60
+    )
+    result.assert_outcomes(passed=1, warnings=1)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        ["*LoopdCleanupWarning: loopd's test kit could not stop 1 actor(s) within 0.5 s*(Stuck)*"]
+    )
