@@ -32,8 +32,10 @@ from messages import (
     ModelAnswer,
     ModelError,
     ProposedCall,
+    SessionRecord,
     SubagentCompleted,
     SubagentFailed,
+    ToolCall,
     ToolResult,
     ToolSpec,
     TurnCompleted,
@@ -326,3 +328,25 @@ def test_no_compaction_after_a_store_failure() -> None:
     effects = turn.store_failed(saved.request_id, "disk full")
     assert not only(effects, RequestModel)
     assert one(effects, Finish).outcome.reason is FailReason.STORE_ERROR
+
+
+def test_the_running_transcript_length_follows_every_change() -> None:
+    # A stored session comes back with its length counted once; turns then add to it and a
+    # compaction resets it, without summing the transcript again.
+    call = ChatMessage(
+        role="assistant", tool_calls=(ToolCall(1, "lookup", '{"q": "tea"}'),), content="hm"
+    )
+    stored = (ChatMessage(role="user", content="abc"), call)
+    record = SessionRecord("s", Baseline("sys"), 0, stored, 1, 2, False)
+    state = SessionState.from_record(record)
+    assert state.transcript_chars() == 3 + 2 + len("lookup") + len('{"q": "tea"}')
+    turn = new_turn(state, threshold=50, summary_chars=10)
+    summarise, _ = finish_with_compaction(turn)
+    assert state.transcript_chars() == sum(
+        len(m.content or "") + sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+        for m in state.transcript
+    )
+    assert state.transcript_chars() > 50
+    summary = one(turn.model_answer(answer(summarise, "S" * 30)), Compact)
+    turn.persisted(summary.request_id)
+    assert state.transcript_chars() == len(SUMMARY_PREFIX) + 10

@@ -1,0 +1,201 @@
+"""Benchmarks of a child's cost and of the store's group commit (issue 8, items 4 and 6).
+
+Run: python bench/bench_store.py [--quick]. Every figure is a ratio of two things measured in the
+same run, so the machine's speed cancels out:
+
+- per-child cost / the plain-pykka floor, on tmpfs (/dev/shm): what loopd adds to a child
+  (hold, baseline, one store request to create it, its turn, the answer routed back) against
+  plain pykka actors doing the same spawn, one message each way, and stop;
+- turns/s with 8, 64 and 256 concurrent sessions on disk, with group commit off
+  (``StoreActor.max_batch = 1``: one transaction per request) and on.
+
+Nothing here is asserted; the figures and the targets are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pykka
+
+from actors import Config, LoopConfig, Runtime
+from actors.store import StoreActor
+from actors.testing import ScriptedModel, calls, reply
+from actors.testing.script import Answer
+from messages import ModelRequest, TurnCompleted
+
+TMPFS = "/dev/shm"
+
+
+@contextmanager
+def home_on(base: str | None) -> Iterator[str]:
+    """A fresh home folder under ``base`` (None: the system's temporary folder, on disk)."""
+    with tempfile.TemporaryDirectory(dir=base, prefix="loopd-bench-") as folder:
+        yield os.path.join(folder, "home")
+
+
+# --- (a) per-child cost against the plain-pykka floor ----------------------------------------
+
+
+class _Child(pykka.ThreadingActor):
+    def __init__(self, parent: pykka.ActorRef[Any]) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def on_receive(self, message: Any) -> None:
+        self.parent.tell(("done", self.actor_ref))
+
+
+class _Parent(pykka.ThreadingActor):
+    """Spawns ``width`` children, tells each a task, stops each on its answer, then reports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+        self.report: threading.Event | None = None
+
+    def on_receive(self, message: Any) -> None:
+        if message[0] == "go":
+            _, width, report = message
+            self.waiting, self.report = width, report
+            for i in range(width):
+                _Child.start(self.actor_ref).tell(("task", i))
+        elif message[0] == "done":
+            message[1].stop(block=False)
+            self.waiting -= 1
+            if self.waiting == 0 and self.report is not None:
+                self.report.set()
+
+
+def pykka_floor(width: int, rounds: int) -> float:
+    """Seconds per child of plain pykka: spawn, one message each way, stop (median round)."""
+    parent = _Parent.start()
+    times = []
+    try:
+        for _ in range(rounds):
+            done = threading.Event()
+            start = time.perf_counter()
+            parent.tell(("go", width, done))
+            if not done.wait(60):
+                raise RuntimeError("the pykka floor round did not finish")
+            times.append(time.perf_counter() - start)
+    finally:
+        parent.stop()
+    return statistics.median(times) / width
+
+
+def fan_out(width: int, tool: str) -> Callable[[ModelRequest], Answer]:
+    """A parent that makes ``width`` calls of ``tool`` in one answer; children answer at once."""
+
+    def script(request: ModelRequest) -> Answer:
+        if request.session.startswith("sub-"):
+            return reply("child done")
+        if request.messages[-1].role == "user":
+            arguments = {"task": "part"} if tool == "subagent" else {}
+            return calls(*[(tool, arguments)] * width)
+        return reply("all done")
+
+    return script
+
+
+def loopd_turns(home: str, width: int, tool: str, rounds: int) -> float:
+    """Median seconds of a turn whose one answer calls ``tool`` ``width`` times."""
+    config = Config(home=home, loop=LoopConfig(max_children=width, max_children_total=width))
+    times = []
+    with Runtime.start(config, model=ScriptedModel(fan_out(width, tool))) as rt:
+        for i in range(rounds + 1):
+            start = time.perf_counter()
+            outcome = rt.run_turn(f"{tool}{i}", "go", timeout=120)
+            assert isinstance(outcome, TurnCompleted), outcome
+            if i:  # the first round warms up
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_child_cost(width: int, rounds: int) -> None:
+    with home_on(TMPFS) as home:
+        floor = pykka_floor(width, rounds * 3)
+        with_children = loopd_turns(home + "c", width, "subagent", rounds)
+        # The same turn with a local tool in each child's place: what the children add is the
+        # difference, so the parent's own requests and commits do not count against them.
+        with_clock = loopd_turns(home + "t", width, "clock", rounds)
+    per_child = (with_children - with_clock) / width
+    print(
+        f"child cost on tmpfs, {width:>3} children per answer: {per_child * 1e3:6.3f} ms per "
+        f"child; pykka floor {floor * 1e3:6.3f} ms; ratio {per_child / floor:5.2f}x "
+        f"(target <= 2x)"
+    )
+
+
+# --- (b) turns/s with and without group commit --------------------------------------------------
+
+
+def turns_per_second(home: str, sessions: int, seconds: float) -> tuple[float, float]:
+    """Turns/s and p50 latency (s) of ``sessions`` sessions each running turns back to back."""
+    config = Config(home=home)
+    with Runtime.start(config, model=ScriptedModel(lambda r: reply("ok"))) as rt:
+        names = [f"s{i}" for i in range(sessions)]
+        for name in names:  # created and live before the clock starts
+            rt.run_turn(name, "warm", timeout=60)
+        latencies: list[float] = []
+        lock = threading.Lock()
+        stop_at = time.perf_counter() + seconds
+
+        def drive(name: str) -> None:
+            mine = []
+            while time.perf_counter() < stop_at:
+                start = time.perf_counter()
+                outcome = rt.run_turn(name, "go", timeout=120)
+                assert isinstance(outcome, TurnCompleted), outcome
+                mine.append(time.perf_counter() - start)
+            with lock:
+                latencies.extend(mine)
+
+        threads = [threading.Thread(target=drive, args=(n,)) for n in names]
+        began = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - began
+    return len(latencies) / wall, statistics.median(latencies)
+
+
+def bench_group_commit(sessions: int, seconds: float) -> None:
+    results = {}
+    for label, batch in (("off", 1), ("on", StoreActor.max_batch)):
+        StoreActor.max_batch = batch
+        try:
+            with home_on(None) as home:
+                results[label] = turns_per_second(home, sessions, seconds)
+        finally:
+            StoreActor.max_batch = 256
+    (off, off_p50), (on, on_p50) = results["off"], results["on"]
+    print(
+        f"turns on disk, {sessions:>3} sessions: group commit off {off:7.1f} turns/s "
+        f"(p50 {off_p50 * 1e3:6.1f} ms), on {on:7.1f} turns/s (p50 {on_p50 * 1e3:6.1f} ms); "
+        f"{on / off:4.2f}x the turns/s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    args = parser.parse_args()
+    rounds, seconds = (3, 1.0) if args.quick else (10, 4.0)
+    for width in (1, 8, 32):
+        bench_child_cost(width, rounds)
+    for sessions in (8, 64, 256):
+        bench_group_commit(sessions, seconds)
+
+
+if __name__ == "__main__":
+    main()
