@@ -152,19 +152,6 @@ def test_leaves_a_model_request_in_flight(chat_server, loopd_runtime, loopd_conf
 """
 
 
-def test_a_run_whose_test_leaves_a_request_in_flight_still_passes(
-    pytester: pytest.Pytester,
-) -> None:
-    pytester.makepyfile(test_in_flight=IN_FLIGHT)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-o", "loopd_stop_timeout=1", timeout=60
-    )
-    result.assert_outcomes(passed=1)
-    assert result.ret == 0
-    assert "Timeout" not in result.stdout.str()
-    assert "Timeout" not in result.stderr.str()
-
-
 STUCK_ACTOR = """
 import threading
 
@@ -185,15 +172,18 @@ def test_leaves_a_busy_actor(request):
 """
 
 
-def test_an_actor_that_cannot_be_stopped_is_a_warning_not_a_failure(
+def test_a_run_whose_tests_leave_work_in_flight_exits_0_and_warns(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(test_stuck=STUCK_ACTOR)
+    # One run, two tests: one leaves a model request on a server that never answers, the other
+    # an actor busy past the kit's deadline. Both pass, and so does the run.
+    pytester.makepyfile(test_in_flight=IN_FLIGHT, test_stuck=STUCK_ACTOR)
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-o", "loopd_stop_timeout=0.5", timeout=60
     )
-    result.assert_outcomes(passed=1, warnings=1)
-    assert result.ret == 0
+    assert result.ret == 0, result.stdout.str()
+    assert result.parseoutcomes()["passed"] == 2
     result.stdout.fnmatch_lines(
-        ["*LoopdCleanupWarning: loopd's test kit could not stop 1 actor(s) within 0.5 s*(Stuck)*"]
+        ["*LoopdCleanupWarning: loopd's test kit could not stop * actor(s) within 0.5 s*Stuck*"]
     )
+    assert "Timeout" not in result.stdout.str() + result.stderr.str()
