@@ -505,7 +505,9 @@ class SessionStore:
 
         A new child is stored on ``slot`` with ``baseline``, ``untrusted`` (its parent's flag),
         ``first`` as its only message and its first turn counted. A record of ``id`` that a spawn
-        of ``parent`` created is returned as stored (False). Any other record of ``id`` raises
+        of ``parent`` created is returned as stored (False), made untrusted if ``untrusted``
+        (``first`` is not added: the turn stores it after repairing what was cut off). Any
+        other record of ``id`` raises
         :class:`SessionTaken`, and nothing of it is read.
         """
         check_session_id(id)
@@ -513,6 +515,8 @@ class SessionStore:
         if row is not None:
             if row[0] != parent:
                 raise SessionTaken(id, parent)
+            if untrusted:  # the flag only ever goes up, whatever the record said
+                cur.execute("UPDATE sessions SET untrusted = 1 WHERE id = ?", (id,))
             return self._record(cur, id), False
         self._insert(cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1)
         self._insert_messages(cur, id, (first,), _now(), last=0)

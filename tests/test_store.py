@@ -619,9 +619,14 @@ def test_a_child_is_created_with_its_first_message_its_parent_and_its_flag(db: P
 
 def test_a_child_record_its_parent_created_is_opened_as_stored(store: SessionStore) -> None:
     first, _ = store.create_child("sub-p-1", "p", BASELINE, 1, untrusted=False, first=user("a"))
-    again, created = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=True, first=user("b"))
+    again, created = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=False, first=user("b"))
     assert not created
     assert again == first  # its own baseline and history; the new first message is not added
+    # A parent that is untrusted now makes the record untrusted; the flag never goes down.
+    flagged, _ = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=True, first=user("c"))
+    assert flagged == msgspec.structs.replace(first, untrusted=True)
+    still, _ = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=False, first=user("d"))
+    assert still.untrusted
 
 
 @pytest.mark.parametrize("forger", ["top-level", "another parent"])
