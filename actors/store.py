@@ -67,11 +67,12 @@ __all__ = [
     "StoreError",
     "StoreFileReplaced",
     "StoredMessage",
+    "baseline_hash",
 ]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
@@ -391,8 +392,8 @@ class SessionStore:
         return self._conn
 
     def run_batch(
-        self, jobs: Sequence[tuple[str, Callable[[sqlite3.Cursor], T]]]
-    ) -> list[T | Exception]:
+        self, jobs: Sequence[tuple[str, Callable[[sqlite3.Cursor], _T]]]
+    ) -> list[_T | Exception]:
         """Run every job of ``jobs`` (``(session, job)`` pairs) in one transaction; each job's
         result or the exception it raised, in order, once the COMMIT is on disk.
 
@@ -410,7 +411,7 @@ class SessionStore:
                 return [exc for _ in jobs]
             except sqlite3.Error as exc:
                 return [StoreError(session, f"cannot write: {exc}") for session, _ in jobs]
-            results: list[T | Exception] = []
+            results: list[_T | Exception] = []
             try:
                 for session, job in jobs:
                     results.append(self._savepoint(conn, session, job))
@@ -428,8 +429,8 @@ class SessionStore:
 
     @staticmethod
     def _savepoint(
-        conn: sqlite3.Connection, session: str, job: Callable[[sqlite3.Cursor], T]
-    ) -> T | Exception:
+        conn: sqlite3.Connection, session: str, job: Callable[[sqlite3.Cursor], _T]
+    ) -> _T | Exception:
         conn.execute("SAVEPOINT job")
         try:
             result = job(conn.cursor())
@@ -444,7 +445,7 @@ class SessionStore:
         conn.execute("RELEASE job")
         return result
 
-    def _alone(self, session: str, job: Callable[[sqlite3.Cursor], T]) -> T | Exception:
+    def _alone(self, session: str, job: Callable[[sqlite3.Cursor], _T]) -> _T | Exception:
         try:
             with self._transaction(session, "write", write=True) as cur:
                 return job(cur)
