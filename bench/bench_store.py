@@ -1,7 +1,8 @@
 """Benchmarks of a child's cost and of the store's group commit (issue 8, items 4 and 6).
 
-Run: python bench/bench_store.py [--quick]. Every figure is a ratio of two things measured in the
-same run, so the machine's speed cancels out:
+Run: python bench/bench_store.py [--quick] (about 2 minutes; --quick about 20 s). Every figure
+is a ratio of two things measured in the same run, so the machine's speed cancels out; each is
+the median of three interleaved repeats, since the machine may be shared:
 
 - per-child cost / the plain-pykka floor, on tmpfs (/dev/shm): what loopd adds to a child
   (hold, baseline, one store request to create it, its turn, the answer routed back) against
@@ -173,16 +174,21 @@ def turns_per_second(home: str, sessions: int, seconds: float) -> tuple[float, f
     return len(latencies) / wall, statistics.median(latencies)
 
 
-def bench_group_commit(sessions: int, seconds: float) -> None:
-    results = {}
-    for label, batch in (("off", 1), ("on", StoreActor.max_batch)):
-        StoreActor.max_batch = batch
-        try:
-            with home_on(None) as home:
-                results[label] = turns_per_second(home, sessions, seconds)
-        finally:
-            StoreActor.max_batch = 256
-    (off, off_p50), (on, on_p50) = results["off"], results["on"]
+def bench_group_commit(sessions: int, seconds: float, repeats: int) -> None:
+    """Off and on, ``repeats`` times interleaved; the medians (the disk is shared)."""
+    results: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    for _ in range(repeats):
+        for label, batch in (("off", 1), ("on", 256)):
+            StoreActor.max_batch = batch
+            try:
+                with home_on(None) as home:
+                    results[label].append(turns_per_second(home, sessions, seconds))
+            finally:
+                StoreActor.max_batch = 256
+    off = statistics.median(r[0] for r in results["off"])
+    on = statistics.median(r[0] for r in results["on"])
+    off_p50 = statistics.median(r[1] for r in results["off"])
+    on_p50 = statistics.median(r[1] for r in results["on"])
     print(
         f"turns on disk, {sessions:>3} sessions: group commit off {off:7.1f} turns/s "
         f"(p50 {off_p50 * 1e3:6.1f} ms), on {on:7.1f} turns/s (p50 {on_p50 * 1e3:6.1f} ms); "
@@ -194,11 +200,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args()
-    rounds, seconds, repeats = (3, 1.0, 1) if args.quick else (10, 4.0, 3)
+    rounds, seconds, repeats = (3, 1.0, 1) if args.quick else (10, 3.0, 3)
     for width in (1, 8, 32):
         bench_child_cost(width, rounds, repeats)
     for sessions in (8, 64, 256):
-        bench_group_commit(sessions, seconds)
+        bench_group_commit(sessions, seconds, repeats)
 
 
 if __name__ == "__main__":
