@@ -246,6 +246,11 @@ class SessionStore:
     :func:`~messages.ids.check_session_id`.
     """
 
+    # Class defaults, so a subclass that opens its connection its own way (a read-only view)
+    # still has them: the file's identity (checked before writes) and the decoded baselines.
+    _identity: tuple[int, int] | None = None
+    _baselines: OrderedDict[str, Baseline] | None = None
+
     def __init__(self, path: str | Path) -> None:
         """Open (and if need be create) the store at ``path``, the database file itself.
 
@@ -255,8 +260,6 @@ class SessionStore:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
-        self._baselines: OrderedDict[str, Baseline] = OrderedDict()
-        self._identity: tuple[int, int] | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: the module opens no implicit transactions; each method
@@ -289,7 +292,7 @@ class SessionStore:
             raise StoreFileReplaced(self.path, "it no longer exists") from None
         except OSError as exc:
             raise StoreFileReplaced(self.path, f"it cannot be checked: {exc}") from exc
-        if now != self._identity:
+        if self._identity is not None and now != self._identity:
             raise StoreFileReplaced(self.path, "another file now has its name")
 
     def _configure(self, conn: sqlite3.Connection) -> None:
@@ -758,9 +761,12 @@ class SessionStore:
         )
 
     def _baseline(self, id: str, key: str, body: Any) -> Baseline:
-        cached = self._baselines.get(key)
+        cache = self._baselines
+        if cache is None:
+            cache = self._baselines = OrderedDict()
+        cached = cache.get(key)
         if cached is not None:
-            self._baselines.move_to_end(key)
+            cache.move_to_end(key)
             return cached
         if body is None:
             raise StoreError(id, f"cannot read the stored baseline: no baseline {key} is stored")
@@ -768,9 +774,9 @@ class SessionStore:
             baseline = _BASELINE.decode(body)
         except (msgspec.DecodeError, TypeError) as exc:
             raise StoreError(id, f"cannot read the stored baseline: {exc}") from exc
-        self._baselines[key] = baseline
-        if len(self._baselines) > _BASELINE_CACHE:
-            self._baselines.popitem(last=False)
+        cache[key] = baseline
+        if len(cache) > _BASELINE_CACHE:
+            cache.popitem(last=False)
         return baseline
 
     def _record(self, cur: sqlite3.Cursor, id: str) -> SessionRecord:
