@@ -12,7 +12,7 @@ from typing import Any
 
 import pykka
 
-from actors.config import Config
+from actors.config import Config, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
@@ -188,8 +188,10 @@ class Runtime:
     def send_turn(
         self, session: str, text: str, *, speaker: str | None = None, reply_to: str | None = None
     ) -> None:
-        """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any."""
-        check_session_id(session)
+        """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any.
+
+        Raises as :meth:`run_turn` does for a bad session id, text or speaker.
+        """
         self._tell_context(StartTurn(session, text, speaker, reply_to))
 
     def run_turn(
@@ -197,15 +199,19 @@ class Runtime:
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended.
 
-        Raises ``ValueError`` for an invalid session id before anything is stored, and
-        ``TimeoutError`` if the turn has not ended after ``timeout`` seconds (it goes on).
+        Raises, before anything is stored: ``ValueError`` for an invalid session id, a child's
+        id (``sub-...``), text or a speaker that is not valid Unicode, or a ``timeout`` that is
+        not a finite number of seconds above 0; ``TypeError`` for text that is not a ``str``
+        or a speaker that is neither ``str`` nor None. Raises ``TimeoutError`` if the turn has
+        not ended after ``timeout`` seconds (it goes on).
         """
-        check_session_id(session)
-        waiter = _Waiter()
+        check_wait(timeout, "timeout")
         address = self.directory.unique("waiter")
+        start = StartTurn(session, text, speaker, address)
+        waiter = _Waiter()
         self.directory.register(address, waiter)
         try:
-            self._tell_context(StartTurn(session, text, speaker, address))
+            self._tell_context(start)
             try:
                 outcome: TurnOutcome = waiter.wait(timeout)
             except TimeoutError:

@@ -28,7 +28,14 @@ from messages.events import (
     TurnEvent,
     TurnStarted,
 )
-from messages.ids import CallId, SessionId, check_session_id
+from messages.ids import (
+    CHILD_PREFIX,
+    CallId,
+    SessionId,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
 from messages.runtime import (
     Appended,
     AppendMessages,
@@ -73,6 +80,7 @@ from messages.turns import (
 )
 
 __all__ = [
+    "CHILD_PREFIX",
     "AppendMessages",
     "Appended",
     "Baseline",
@@ -131,5 +139,7 @@ __all__ = [
     "TurnOutcome",
     "TurnStarted",
     "check_session_id",
+    "check_text",
+    "check_top_level_session",
     "denial_message",
 ]

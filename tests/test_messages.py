@@ -439,6 +439,8 @@ def spec_allows(text: str) -> bool:
 @pytest.mark.parametrize("text", VALID_IDS)
 def test_valid_session_id_is_returned_unchanged(text: str) -> None:
     assert check_session_id(text) == text
+    if text.startswith("sub-"):
+        return  # a child's id: valid, but no top-level turn may open it (tests/test_doors.py)
     assert StartTurn(session=text, text="t").session == text
     wire = msgspec.json.encode({"type": "StartTurn", "session": text, "text": "t"})
     assert msgspec.json.decode(wire, type=StartTurn).session == text
