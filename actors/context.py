@@ -29,6 +29,7 @@ from messages import (
     FailReason,
     Inspect,
     JobSkipped,
+    MemoryWarning,
     OpenSession,
     Remember,
     RunTurn,
@@ -334,7 +335,9 @@ class ContextActor(pykka.ThreadingActor):
             self._answer_failure(hold, FailReason.STORE_ERROR, msg.detail)
             return
         try:
-            baseline = build_baseline(self.config, self.registry, self.memory.block())
+            block = self.memory.block()
+            self._memory_warnings(hold.session)
+            baseline = build_baseline(self.config, self.registry, block)
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
@@ -453,6 +456,12 @@ class ContextActor(pykka.ThreadingActor):
             # It stopped before the RunTurn it was sent could start: that turn will not run.
             detail = "the session actor stopped before its turn began"
             self._answer_failure(hold, FailReason.CRASHED, detail)
+
+    def _memory_warnings(self, session: str) -> None:
+        """Emit what the memory source found wrong with its file (damage, a cut), if it says."""
+        take = getattr(self.memory, "take_reports", None)
+        for detail in take() if take is not None else ():
+            self._emit(MemoryWarning(session=session, detail=detail))
 
     def _remember(self, msg: Remember) -> None:
         # The Context owns the memory source, so it does the write (the session asked).

@@ -7,6 +7,7 @@ from messages import (
     Compacted,
     CompactionFailed,
     JobSkipped,
+    MemoryWarning,
     ModelAnswered,
     ModelRequestSent,
     SubagentFinished,
@@ -65,6 +66,8 @@ def _describe(event: TurnEvent) -> str:
             return f"compacted {before} → {after} chars"
         case CompactionFailed(detail=detail):
             return f"compaction failed: {detail}"
+        case MemoryWarning(detail=detail):
+            return f"memory: {detail}"
     return type(event).__name__
 
 

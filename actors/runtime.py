@@ -133,7 +133,12 @@ class Runtime:
         SessionStore(config.home_path / DB_NAME).close()
         chat_model = model if model is not None else HttpChatModel(config.model)
         if memory is None:
-            memory = default_memory(config.home, config.memory.file)
+            memory = default_memory(
+                config.home,
+                config.memory.file,
+                max_chars=config.memory.max_chars,
+                max_entry_chars=config.memory.max_entry_chars,
+            )
         directory = Directory()
         subscribers = Subscribers()
         limits = Limits(
