@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
+import traceback
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -24,6 +26,7 @@ from actors.port import PortTool, port_error, port_handler
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
+from actors.text import redact
 from actors.turn import Limits
 from messages import (
     CancelTurn,
@@ -45,23 +48,37 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def model_error(request: ModelRequest, exc: Exception) -> ModelError:
-    """The model pool's answer to a request whose handling failed anyway."""
-    detail = f"the model client failed: {type(exc).__name__}: {exc}"
+def _unchanged(text: str) -> str:
+    return text
+
+
+def model_error(
+    request: ModelRequest, exc: Exception, scrub: Callable[[str], str] = _unchanged
+) -> ModelError:
+    """The model pool's answer to a request whose handling failed anyway; ``scrub`` (a
+    :func:`~actors.text.redact` bound to the secrets) cleans the text."""
+    detail = scrub(f"the model client failed: {type(exc).__name__}: {exc}")
     return ModelError(request.session, request.request_id, detail)
 
 
-def model_handler(model: ChatModel) -> Callable[[ModelRequest], ModelReply]:
-    """The model workers' job: one request in, one answer or error out, never an exception."""
+def model_handler(
+    model: ChatModel, scrub: Callable[[str], str] = _unchanged
+) -> Callable[[ModelRequest], ModelReply]:
+    """The model workers' job: one request in, one answer or error out, never an exception.
+
+    Every error text (the ``ModelError`` detail, which becomes the ``TurnFailed`` detail and the
+    events' text, and the log line) goes through ``scrub`` first, so an API key or URL
+    credentials echoed by a server or an HTTP library never leave loopd.
+    """
 
     def handle(request: ModelRequest) -> ModelReply:
         try:
             return model.complete(request)
         except ModelFailure as exc:
-            return ModelError(request.session, request.request_id, str(exc))
+            return ModelError(request.session, request.request_id, scrub(str(exc)))
         except Exception as exc:
-            log.exception("model client failed")
-            return model_error(request, exc)
+            log.error("model client failed: %s", scrub(traceback.format_exc()))
+            return model_error(request, exc, scrub)
 
     return handle
 
@@ -155,8 +172,12 @@ class Runtime:
         try:
             refs[EVENTS] = EventBus.start(subscribers)
             refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
+            scrub = functools.partial(redact, secrets=config.model.secrets())
             refs[MODEL] = PoolRouter.start(
-                config.model.concurrency, model_handler(chat_model), model_error, directory
+                config.model.concurrency,
+                model_handler(chat_model, scrub),
+                functools.partial(model_error, scrub=scrub),
+                directory,
             )
             refs[PORT] = PoolRouter.start(
                 config.port.concurrency, port_handler(tools), port_error, directory
