@@ -26,7 +26,7 @@ from actors.port import PortTool, port_error, port_handler
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
-from actors.text import redact
+from actors.text import RedactFilter, redact
 from actors.turn import Limits
 from messages import (
     CancelTurn,
@@ -42,6 +42,9 @@ from messages import (
 __all__ = ["Runtime", "model_error", "model_handler"]
 
 log = logging.getLogger(__name__)
+
+_LIBRARY_LOGGERS = ("httpx", "httpcore")
+"""Loggers of the libraries loopd drives whose texts may carry a credential (a URL's)."""
 
 
 def _utc_now() -> datetime:
@@ -126,6 +129,7 @@ class Runtime:
         self._refs = refs
         self._stopped = False
         self._owns_model = True
+        self._log_filter: RedactFilter | None = None
 
     @classmethod
     def start(
@@ -172,7 +176,8 @@ class Runtime:
         try:
             refs[EVENTS] = EventBus.start(subscribers)
             refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
-            scrub = functools.partial(redact, secrets=config.model.secrets())
+            secrets = config.model.secrets()
+            scrub = functools.partial(redact, secrets=secrets)
             refs[MODEL] = PoolRouter.start(
                 config.model.concurrency,
                 model_handler(chat_model, scrub),
@@ -197,6 +202,9 @@ class Runtime:
             raise
         runtime = cls(config, directory, subscribers, refs, chat_model, registry)
         runtime._owns_model = model is None  # a model passed in is the caller's to close
+        runtime._log_filter = RedactFilter(secrets)
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).addFilter(runtime._log_filter)
         return runtime
 
     @property
@@ -290,6 +298,9 @@ class Runtime:
             self.model.close()
         for address in (MODEL, PORT, STORE, EVENTS):
             self._refs[address].stop(timeout=timeout)
+        if self._log_filter is not None:
+            for name in _LIBRARY_LOGGERS:
+                logging.getLogger(name).removeFilter(self._log_filter)
 
     def __enter__(self) -> Runtime:
         return self

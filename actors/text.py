@@ -9,6 +9,7 @@ error text that could carry a credential goes through :func:`redact`.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -17,6 +18,7 @@ from typing import Final
 __all__ = [
     "REDACTED",
     "TEMPLATE_TOKENS",
+    "RedactFilter",
     "cap_chars",
     "escape_controls",
     "neutralise",
@@ -150,8 +152,9 @@ REDACTED = "[redacted]"
 
 # ``scheme://user:password@host`` or ``scheme://token@host``: the userinfo goes.
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
-# ``Bearer <token>`` / ``Basic <token>``, as a header echoed in an error text.
-_AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic)\s+[^\s'\"]+")
+# ``Bearer <token>`` / ``Basic <token>`` (RFC 6750's token characters), as a header echoed in
+# an error text.
+_AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -165,3 +168,22 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         text = text.replace(secret, REDACTED)
     text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
     return _AUTH_HEADER.sub(rf"\1 {REDACTED}", text)
+
+
+class RedactFilter(logging.Filter):
+    """A logging filter that passes :func:`redact` over every record's text.
+
+    loopd redacts its own texts where they are made; this is for the loggers of the libraries
+    it drives (httpx logs each request's URL, credentials included).
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(secrets)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        clean = redact(text, self.secrets)
+        if clean != text:
+            record.msg, record.args = clean, None
+        return True
