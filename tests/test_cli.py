@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from actors.testing import ChatServer, RawResponse, call, reply
+from actors import Config, Runtime
+from actors.store import SessionStore
+from actors.testing import ChatServer, RawResponse, ScriptedModel, call, reply
 from actors.testing.script import Answer
 
 TIMEOUT_S = 60
@@ -497,3 +499,189 @@ def test_a_home_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     no_traceback(result)
     assert str(blocker / "home") in result.stderr or "file" in result.stderr
+
+
+# --- the doors of the command line (issue 9) ---
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``loopd ARGV`` in this process, for refusals that come before any runtime starts."""
+    from actors.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e308", "-1", "0", "nan", "soon"])
+def test_run_refuses_a_timeout_that_is_not_finite_seconds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str
+) -> None:
+    home = tmp_path / "D"
+    code, _, err = run_in_process(capsys, "run", "--home", str(home), "--timeout", value, "hi")
+    assert code == 2
+    assert "argument --timeout" in err and "Traceback" not in err
+    assert not home.exists()
+
+
+def test_run_refuses_a_childs_session_id(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    home = tmp_path / "D"
+    code, _, err = run_in_process(capsys, "run", "--home", str(home), "--session", "sub-p-1", "x")
+    assert code == 2
+    assert "children are opened only by their parents" in err
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "sessions"])
+def test_an_empty_home_is_refused_not_replaced_by_the_default(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    args = ["--home", "", "hi"] if command == "run" else ["--home", ""]
+    code, _, err = run_in_process(capsys, command, *args)
+    assert code == 2
+    assert "home must not be empty" in err
+    assert not (tmp_path / ".loopd").exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://a\r\nX-Evil: 1", "http://" + "h" * 5000, "127.0.0.1:8080"]
+)
+def test_run_refuses_an_unusable_base_url_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str
+) -> None:
+    code, _, err = run_in_process(capsys, "run", "--home", str(tmp_path), "--base-url", url, "x")
+    assert code == 2
+    assert "model.base_url" in err and "is not a usable URL" in err
+    assert "\r" not in err and len(err) < 400
+
+
+def test_sessions_on_a_home_that_is_a_file_is_an_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a home")
+    code, out, err = run_in_process(capsys, "sessions", "--home", str(a_file))
+    assert code == 2
+    assert f"the home {a_file} is not a folder" in err
+    assert "no sessions" not in out
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_a_config_that_is_not_a_regular_file_is_refused_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    path = Path("/dev/zero")
+    if kind == "fifo":
+        path = tmp_path / "loopd.toml"
+        os.mkfifo(path)
+    code, _, err = run_in_process(capsys, "sessions", "--config", str(path))
+    assert code == 2
+    assert "not a regular file" in err
+
+
+def test_a_config_with_a_utf8_bom_is_read(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    home = tmp_path / "bom-home"
+    path = tmp_path / "loopd.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + f'home = "{home}"\n'.encode())
+    code, out, err = run_in_process(capsys, "sessions", "--config", str(path))
+    assert code == 0, err
+    assert f"no sessions: {home / 'loopd.db'} does not exist" in out
+
+
+def test_a_bad_api_key_stops_run_naming_the_variable_not_the_value(tmp_path: Path) -> None:
+    env = dict(os.environ, HOME=str(tmp_path), LOOPD_TEST_KEY="sk-secret-\x01-value")
+    config = tmp_path / "loopd.toml"
+    config.write_text('[model]\napi_key_env = "LOOPD_TEST_KEY"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "run", "--config", str(config), "hi"],
+        cwd=tmp_path,
+        env=env,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "LOOPD_TEST_KEY" in result.stderr and "control character" in result.stderr
+    assert "secret" not in result.stderr
+
+
+def test_run_never_runs_a_scheduled_job(chat_server: Server, tmp_path: Path) -> None:
+    # A one-shot command used to start the scheduler and use up the due heartbeat.
+    server = chat_server([reply("answer"), reply("heartbeat answer")])
+    home = tmp_path / "D"
+    home.mkdir()
+    (home / "HEARTBEAT.md").write_text("Anything new?")
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{home}"\n[heartbeat]\nsession = "watch"\nevery_s = 1\n'
+        '[[cron]]\nsession = "morning"\nschedule = "* * * * *"\nprompt = "go"\n'
+    )
+    result = loopd(tmp_path, "run", "--config", config, "--base-url", server.base_url, "hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "answer\n"
+    assert len(server.requests) == 1
+    assert not (home / "scheduler.json").exists()
+    assert "watch" not in result.stderr and "morning" not in result.stderr
+
+
+def test_model_text_reaches_the_terminal_escaped_and_the_store_unchanged(
+    chat_server: Server, tmp_path: Path
+) -> None:
+    hostile = "\x1b]0;PWNED\x07\x1b[2Jdone\x9b1m"
+    server = chat_server([call("\x1b[31mclock"), reply(hostile)])
+    home = tmp_path / "D"
+    result = loopd(tmp_path, "run", "--base-url", server.base_url, "--home", home, "go")
+    assert result.returncode == 0, result.stderr
+    for text in (result.stdout, result.stderr):
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert result.stdout == "\\x1b]0;PWNED\\x07\\x1b[2Jdone\\x9b1m\n"
+    assert "← model calls \\x1b[31mclock" in result.stderr
+    shown = loopd(tmp_path, "sessions", "show", "main", "--home", home)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "    \\x1b]0;PWNED\\x07\\x1b[2Jdone\\x9b1m" in shown.stdout
+    with SessionStore(home / "loopd.db") as store:
+        assert store.history("main")[-1].message.content == hostile
+
+
+def test_sessions_reads_a_home_it_may_not_write(tmp_path: Path) -> None:
+    home = tmp_path / "D"
+    with Runtime.start(Config(home=home), model=ScriptedModel([reply("hi")])) as rt:
+        rt.run_turn("kept", "hello", timeout=TIMEOUT_S)
+    before = sorted(p.name for p in home.iterdir())
+    # Root ignores file modes, so make the folder and the store immutable instead.
+    flagged = [home / "loopd.db", home]
+    done = [p for p in flagged if subprocess.run(["chattr", "+i", p], check=False).returncode == 0]
+    try:
+        if done != flagged:
+            pytest.skip("chattr +i is not available here to make a folder read-only")
+        listed = loopd(tmp_path, "sessions", "--home", home)
+        shown = loopd(tmp_path, "sessions", "show", "kept", "--home", home)
+    finally:
+        for p in done:
+            subprocess.run(["chattr", "-i", p], check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[0] == "kept"
+    assert shown.returncode == 0, shown.stderr
+    assert "hello" in shown.stdout
+    assert sorted(p.name for p in home.iterdir()) == before
+
+
+def test_sessions_never_writes_the_store(tmp_path: Path) -> None:
+    home = tmp_path / "D"
+    with Runtime.start(Config(home=home), model=ScriptedModel([reply("hi")])) as rt:
+        rt.run_turn("kept", "hello", timeout=TIMEOUT_S)
+    db = home / "loopd.db"
+    stamp = (db.stat().st_mtime_ns, db.read_bytes())
+    assert loopd(tmp_path, "sessions", "--home", home).returncode == 0
+    assert (db.stat().st_mtime_ns, db.read_bytes()) == stamp
+    from actors.reader import StoreReader
+    from actors.store import StoreError
+
+    with StoreReader(db) as reader, pytest.raises(StoreError, match="readonly"):
+        reader.append("kept", (), turns=9, next_call_id=9, untrusted=False)
