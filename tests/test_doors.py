@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import Config, ModelConfig
-from actors.config import ConfigError
+from actors.config import ConfigError, HeartbeatConfig
 from actors.model import ModelFailure, parse_answer
 from actors.render import render_event
 from actors.repl import Helpers
@@ -430,3 +430,30 @@ def test_any_model_answer_parses_or_is_a_model_failure(body: bytes) -> None:
     for proposed in answer.tool_calls:
         assert isinstance(proposed.name, str) and proposed.name
         assert isinstance(proposed.arguments, str)
+
+
+def test_a_heartbeat_fifo_is_skipped_with_a_warning_and_does_not_block(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    os.mkfifo(home / "HEARTBEAT.md")
+    warned = threading.Event()
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "not a regular file (it is a FIFO)" in record.getMessage():
+                warned.set()
+
+    handler = Catch(logging.WARNING)
+    logging.getLogger("actors.scheduler").addHandler(handler)
+    try:
+        config = Config(home=home, heartbeat=HeartbeatConfig(session="watch", every_s=60))
+        rt = Runtime.start(config, model=ScriptedModel([reply("x")]))
+        try:
+            assert warned.wait(WAIT)  # the first tick comes after a second
+            # The scheduler still answers: it is not stuck in open().
+            assert rt.run_turn("other", "hi", timeout=WAIT) == TurnCompleted("other", "x")
+        finally:
+            rt.stop()
+    finally:
+        logging.getLogger("actors.scheduler").removeHandler(handler)
+    assert stored_ids(home) == ["other"]
