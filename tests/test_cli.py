@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from actors import Config, Runtime
 from actors.store import SessionStore
@@ -685,3 +687,56 @@ def test_sessions_never_writes_the_store(tmp_path: Path) -> None:
 
     with StoreReader(db) as reader, pytest.raises(StoreError, match="readonly"):
         reader.append("kept", (), turns=9, next_call_id=9, untrusted=False)
+
+
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+flag_text = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["inf", "-inf", "nan", "1e308", "-1", "0", "0.5", "", "http://[::1", "~"]),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(timeout=flag_text, session=st.text(max_size=20), base_url=flag_text, model=flag_text)
+def test_any_run_flags_are_refused_cleanly(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    timeout: str,
+    session: str,
+    base_url: str,
+    model: str,
+) -> None:
+    # The session is a child's id, so every run is refused before a runtime starts; whichever
+    # flag is refused first, the refusal is an exit 2 with a line, never a traceback.
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--home", str(tmp_path / "D"), "--session", f"sub-{session}"]
+    argv += ["--timeout", timeout, "--base-url", base_url, "--model", model, "hi"]
+    code, _, err = run_in_process(capsys, *argv)
+    assert code == 2
+    assert "Traceback" not in err and err.strip()
+    assert not (tmp_path / "D").exists()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(home=st.text(max_size=30), show=st.one_of(st.none(), st.text(max_size=10)))
+def test_any_sessions_home_lists_or_is_refused_cleanly(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    home: str,
+    show: str | None,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    argv = ["sessions", "--home", home] + (["show", show] if show is not None else [])
+    code, _, err = run_in_process(capsys, *argv)
+    assert code in (0, 2), (code, err)
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # it only reads

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import Config, ModelConfig
+from actors import Config, ModelConfig, port_tool
 from actors.config import ConfigError, HeartbeatConfig
 from actors.model import ModelFailure, parse_answer
 from actors.render import render_event
@@ -457,3 +457,22 @@ def test_a_heartbeat_fifo_is_skipped_with_a_warning_and_does_not_block(tmp_path:
     finally:
         logging.getLogger("actors.scheduler").removeHandler(handler)
     assert stored_ids(home) == ["other"]
+
+
+def test_a_port_tool_that_returns_a_lone_surrogate_gets_an_error_text(loopd_runtime) -> None:
+    @port_tool("broken", "Returns text that is not valid Unicode.")
+    def broken(args: dict[str, Any]) -> str:
+        return "half a pair: \ud800"
+
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if last.role == "user":
+            return call("broken")
+        return reply(last.content or "")
+
+    rt = loopd_runtime(script, tools=[broken])
+    outcome = rt.run_turn("s", "go", timeout=WAIT)
+    assert isinstance(outcome, TurnCompleted)
+    assert outcome.content.startswith("Error: the tool broken failed: ValueError:")
+    assert "not valid Unicode text" in outcome.content
+    assert rt.run_turn("s", "again", timeout=WAIT).session == "s"  # still readable
