@@ -373,7 +373,11 @@ class Config(_Section, frozen=True):
         if not isinstance(home, str):
             raise ConfigError(f"home must be a text path, not {type(home).__name__}")
         _check_path_text(home, "home")  # '' would silently mean the current folder
-        msgspec.structs.force_setattr(self, "home", str(Path(home).expanduser()))
+        try:
+            expanded = Path(home).expanduser()
+        except RuntimeError as exc:  # ``~nosuchuser``
+            raise ConfigError(f"home {home!r}: {exc}") from None
+        msgspec.structs.force_setattr(self, "home", str(expanded))
         super().__post_init__()
 
     @property

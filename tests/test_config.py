@@ -483,3 +483,9 @@ def without_none(data: object) -> object:
     if isinstance(data, list):
         return [without_none(v) for v in data]
     return data
+
+
+def test_a_home_of_an_unknown_user_is_a_config_error() -> None:
+    # Found by hypothesis: Path("~0").expanduser() raises RuntimeError.
+    with pytest.raises(ConfigError, match="home '~no-such-user-here'"):
+        Config(home="~no-such-user-here")
