@@ -203,6 +203,9 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.JobSkipped: lambda: messages.JobSkipped(
         session="mm-thread", job="heartbeat:mm-thread", held=("sub-mm-thread-1",), at=AT
     ),
+    messages.MemoryWarning: lambda: messages.MemoryWarning(
+        session="mm-thread", detail="memory file MEMORY.md is damaged", at=AT
+    ),
     messages.Remember: lambda: messages.Remember("mm-thread", 4, "The user's name is Ana."),
     messages.ScheduledTurn: lambda: messages.ScheduledTurn(
         "cron:0:mm-thread", "mm-thread", "It is 2026-11-30T07:00:00Z.\n\nMorning.", "scheduler"
