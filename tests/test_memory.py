@@ -206,3 +206,40 @@ def test_updates_keep_only_the_newest(tmp_path) -> None:
         memory.updated("s", turn)
     assert len(memory.updates) == UPDATES_KEPT
     assert memory.updates[-1] == ("s", UPDATES_KEPT + 4)
+
+
+WRITER = """
+import sys
+from actors.memory import FileMemory
+memory = FileMemory(sys.argv[1], max_chars=10**7, max_entry_chars=10**6)
+for i in range(10**6):
+    memory.remember("\\u2615" * 40_000 + f" {i}")
+    print(i, flush=True)
+"""
+
+
+def test_a_writer_killed_mid_remember_leaves_whole_lines(tmp_path: Path) -> None:
+    after = 3
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "MEMORY.md"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for _ in range(after):
+            assert proc.stdout is not None and proc.stdout.readline()
+        proc.send_signal(signal.SIGKILL)  # lands somewhere inside the next remember
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    text = path.read_bytes().decode("utf-8")  # strict: no cut character
+    lines = text.splitlines(keepends=True)
+    assert len(lines) >= after
+    for i, line in enumerate(lines):
+        assert line == "- " + "☕" * 40_000 + f" {i}\n"
+    # At most the temporary file of the write that was killed is left beside it.
+    others = [p.name for p in tmp_path.iterdir() if p.name != "MEMORY.md"]
+    assert all(name.startswith(".MEMORY.md.") and name.endswith(".tmp") for name in others)
