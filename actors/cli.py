@@ -17,7 +17,13 @@ from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore, StoreError
 from actors.text import escape_controls, redact
-from messages import TurnCompleted, TurnEvent, check_session_id, check_top_level_session
+from messages import (
+    TurnCompleted,
+    TurnEvent,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
 
 __all__ = ["build_parser", "main", "show_session"]
 
@@ -69,7 +75,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from actors.testing.model import ScriptedModel
 
     with tempfile.TemporaryDirectory(prefix="loopd-demo-") as scratch:
-        config = Config(home=args.home or scratch)
+        config = Config(home=args.home if args.home is not None else scratch)
         print(f"loopd demo: a scripted model, offline; home {config.home}\n")
         print(f"you → {DEMO_SESSION}: {DEMO_TEXT}\n")
         with Runtime.start(config, model=ScriptedModel(demo_script)) as rt:
@@ -99,7 +105,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     The answer and the events are shown with control characters escaped (a model cannot drive
     the terminal); the store keeps them as they were. Scheduled jobs never run here.
     """
-    check_top_level_session(args.session)  # before Runtime.start creates anything under home
+    # Before Runtime.start creates anything under home.
+    check_top_level_session(args.session)
+    check_text(args.text, "the turn text")
     config = _one_shot(_config(args))
     _exit_on_sigterm()
     with Runtime.start(config) as rt:
@@ -109,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(outcome, TurnCompleted):
         print(escape_controls(outcome.content))
         return 0
-    detail = escape_controls(outcome.detail)
+    detail = escape_controls(redact(outcome.detail, config.model.secrets()))
     print(f"loopd: the turn failed: {outcome.reason}: {detail}", file=sys.stderr)
     return 1
 

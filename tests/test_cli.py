@@ -740,3 +740,26 @@ def test_any_sessions_home_lists_or_is_refused_cleanly(
     assert code in (0, 2), (code, err)
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # it only reads
+
+
+def test_demo_refuses_an_empty_home_too(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_in_process(capsys, "demo", "--home", "")
+    assert code == 2
+    assert "home must not be empty" in err
+
+
+def test_run_text_that_is_not_unicode_is_refused(tmp_path: Path) -> None:
+    # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
+    env = dict(os.environ, HOME=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "run", "--home", str(tmp_path / "D"), b"caf\xe9"],
+        cwd=tmp_path,
+        env=env,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert b"the turn text is not valid Unicode text" in result.stderr
+    assert b"Traceback" not in result.stderr
+    assert not (tmp_path / "D").exists()
