@@ -476,3 +476,42 @@ def test_a_port_tool_that_returns_a_lone_surrogate_gets_an_error_text(loopd_runt
     assert outcome.content.startswith("Error: the tool broken failed: ValueError:")
     assert "not valid Unicode text" in outcome.content
     assert rt.run_turn("s", "again", timeout=WAIT).session == "s"  # still readable
+
+
+def test_the_repl_shows_model_text_escaped(loopd_runtime, capsys) -> None:
+    rt = loopd_runtime([reply(HOSTILE)])
+    helpers = Helpers(rt)
+    outcome = helpers.turn("s", "hi")
+    helpers.show("s")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out
+    assert "\\x1b]0;PWNED\\x07" in out  # the event line and the transcript
+    assert "\x1b" not in repr(outcome)  # what the console prints for the returned outcome
+    assert isinstance(outcome, TurnCompleted) and outcome.content == HOSTILE  # kept as it was
+
+
+@settings(max_examples=25, deadline=None)
+@given(body=st.one_of(answer_shapes.map(msgspec.json.encode), st.binary(max_size=64)))
+def test_any_answer_over_http_ends_the_turn_and_leaves_the_session_readable(body: bytes) -> None:
+    import tempfile
+
+    from actors.testing import ChatServer
+
+    sent = threading.Event()
+
+    def script(request: dict[str, Any]) -> Any:
+        if sent.is_set():
+            return reply("fine")  # every later request: whatever the first answer started
+        sent.set()
+        return RawResponse(body=body)
+
+    with tempfile.TemporaryDirectory() as scratch, ChatServer(script) as server:
+        model = ModelConfig(base_url=server.base_url, retries=0)
+        with Runtime.start(Config(home=scratch, model=model)) as rt:
+            outcome = rt.run_turn("s", "hi", timeout=WAIT)
+            if isinstance(outcome, TurnFailed):
+                assert outcome.reason == "model_error" and outcome.detail
+                assert rt.run_turn("s", "again", timeout=WAIT) == TurnCompleted("s", "fine")
+        with SessionStore(Path(scratch) / DB_NAME) as store:
+            store.open("s")
+            store.history("s")
