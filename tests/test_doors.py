@@ -418,7 +418,7 @@ answer_shapes = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.one_of(answer_shapes.map(msgspec.json.encode), st.binary(max_size=64)))
 def test_any_model_answer_parses_or_is_a_model_failure(body: bytes) -> None:
     try:
