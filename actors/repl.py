@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import pykka
 
 import messages
-from actors.config import Config
+from actors.config import Config, check_wait
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.render import render_event, table
 from actors.runtime import Runtime
@@ -262,6 +262,7 @@ class Helpers:
         ``target`` as for ``tell``. Raises ``AddressError`` if no actor is there and
         ``TimeoutError`` if it has not answered after ``timeout`` seconds.
         """
+        check_wait(timeout, "timeout")
         address, mailbox = self._mailbox(target)
         if not isinstance(mailbox, pykka.ActorRef):
             raise AddressError(f"{address!r} is not an actor that answers; tell it instead")

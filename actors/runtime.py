@@ -264,6 +264,7 @@ class Runtime:
         tuple if ``session`` had no turn running. A model answer that arrives later is dropped.
         """
         check_session_id(session)
+        check_wait(timeout, "timeout")
         if self._stopped:
             raise RuntimeError("this runtime is stopped")
         cancelled = self.context.ask(CancelTurn(session), timeout=timeout)

@@ -26,6 +26,7 @@ from actors.testing import RawResponse, call, reply
 from actors.testing.model import ScriptedModel
 from actors.text import REDACTED, escape_controls, redact
 from messages import (
+    Inspect,
     ModelAnswered,
     ModelRequest,
     RunTurn,
@@ -515,3 +516,14 @@ def test_any_answer_over_http_ends_the_turn_and_leaves_the_session_readable(body
         with SessionStore(Path(scratch) / DB_NAME) as store:
             store.open("s")
             store.history("s")
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), -1, 0])
+def test_cancel_and_the_repls_ask_refuse_a_timeout_that_is_not_finite_seconds(
+    loopd_runtime, timeout: float
+) -> None:
+    rt = loopd_runtime([reply("x")])
+    with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
+        rt.cancel("s", timeout=timeout)
+    with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
+        Helpers(rt).ask("context", Inspect(), timeout=timeout)
