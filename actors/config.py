@@ -150,16 +150,29 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
     def __post_init__(self) -> None:
         prefix = f"{self._key}." if self._key else ""
-        for info in msgspec.structs.fields(self):
-            key = prefix + info.name
-            value = getattr(self, info.name)
+        for name, kind in _field_types(type(self)):
+            key = prefix + name
+            value = getattr(self, name)
             try:
-                checked = msgspec.convert(value, type=info.type, strict=True)
+                checked = msgspec.convert(value, type=kind, strict=True)
             except msgspec.ValidationError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
             _check_value(key, checked)
             if checked is not value:
-                msgspec.structs.force_setattr(self, info.name, checked)
+                msgspec.structs.force_setattr(self, name, checked)
+
+
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_types(cls: type[_Section]) -> tuple[tuple[str, Any], ...]:
+    """``(name, type)`` of each field of ``cls``; computed once per class (msgspec evaluates
+    the annotations afresh on every ``fields`` call, which would make each Config cost ms)."""
+    found = _FIELD_TYPES.get(cls)
+    if found is None:
+        found = tuple((f.name, f.type) for f in msgspec.structs.fields(cls))
+        _FIELD_TYPES[cls] = found
+    return found
 
 
 class ModelConfig(_Section, frozen=True):
