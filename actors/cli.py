@@ -11,28 +11,57 @@ from typing import Any
 
 import msgspec
 
-from actors.config import Config, ConfigError
+from actors.config import Config, ConfigError, check_wait
 from actors.lock import HomeInUse
+from actors.reader import StoreReader
 from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore, StoreError
-from messages import TurnCompleted, TurnEvent, check_session_id
+from actors.text import escape_controls, redact
+from messages import (
+    TurnCompleted,
+    TurnEvent,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
 
 __all__ = ["build_parser", "main", "show_session"]
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = Config.load(args.config) if args.config else Config()
-    if args.home:
+    config = Config.load(args.config) if args.config is not None else Config()
+    # ``is not None``: an empty --home or --base-url is refused by Config, not ignored.
+    if args.home is not None:
         config = config.replace(home=args.home)
     model_changes: dict[str, Any] = {}
-    if getattr(args, "base_url", None):
+    if getattr(args, "base_url", None) is not None:
         model_changes["base_url"] = args.base_url
-    if getattr(args, "model", None):
+    if getattr(args, "model", None) is not None:
         model_changes["name"] = args.model
     if model_changes:
         config = config.replace(model=msgspec.structs.replace(config.model, **model_changes))
     return config
+
+
+def _one_shot(config: Config) -> Config:
+    """``config`` without its scheduled jobs: a one-shot command must not use up a due job
+    that the long-lived process on the same home should run."""
+    return config.replace(cron=(), heartbeat=None)
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds above 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        seconds = check_wait(value, "the timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert seconds is not None
+    return seconds
 
 
 def _print_event(event: TurnEvent, stream: Any) -> None:
@@ -47,7 +76,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from actors.testing.model import ScriptedModel
 
     with tempfile.TemporaryDirectory(prefix="loopd-demo-") as scratch:
-        config = Config(home=args.home or scratch)
+        config = Config(home=args.home if args.home is not None else scratch)
         print(f"loopd demo: a scripted model, offline; home {config.home}\n")
         print(f"you → {DEMO_SESSION}: {DEMO_TEXT}\n")
         with Runtime.start(config, model=ScriptedModel(demo_script)) as rt:
@@ -72,18 +101,25 @@ def _exit_on_sigterm() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """One turn against a real endpoint: the answer on stdout, events on stderr."""
-    check_session_id(args.session)  # before Runtime.start creates anything under home
-    config = _config(args)
+    """One turn against a real endpoint: the answer on stdout, events on stderr.
+
+    The answer and the events are shown with control characters escaped (a model cannot drive
+    the terminal); the store keeps them as they were. Scheduled jobs never run here.
+    """
+    # Before Runtime.start creates anything under home.
+    check_top_level_session(args.session)
+    check_text(args.text, "the turn text")
+    config = _one_shot(_config(args))
     _exit_on_sigterm()
     with Runtime.start(config) as rt:
         if not args.quiet:
             rt.subscribe(lambda event: _print_event(event, sys.stderr))
         outcome = rt.run_turn(args.session, args.text, timeout=args.timeout)
     if isinstance(outcome, TurnCompleted):
-        print(outcome.content)
+        print(escape_controls(outcome.content))
         return 0
-    print(f"loopd: the turn failed: {outcome.reason}: {outcome.detail}", file=sys.stderr)
+    detail = escape_controls(redact(outcome.detail, config.model.secrets()))
+    print(f"loopd: the turn failed: {outcome.reason}: {detail}", file=sys.stderr)
     return 1
 
 
@@ -97,13 +133,17 @@ def cmd_repl(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     """List stored sessions, or show one."""
     config = _config(args)
-    path = config.home_path / DB_NAME
+    home = config.home_path
+    if home.exists() and not home.is_dir():
+        raise StoreError(None, f"the home {home} is not a folder")
+    path = home / DB_NAME
     if not path.exists():
         if args.action == "show":
             raise StoreError(args.id, f"is not stored: {path} does not exist")
         print(f"no sessions: {path} does not exist")
         return 0
-    with SessionStore(path) as store:
+    # Read-only: listing works on a home this user may not write to, and changes nothing.
+    with StoreReader(path) as store:
         if args.action == "show":
             return show_session(store, args.id)
         infos = store.list_sessions()
@@ -126,7 +166,11 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def show_session(store: SessionStore, session: str) -> int:
-    """Print one stored session: its counters, children and transcript."""
+    """Print one stored session: its counters, children and transcript.
+
+    Model and tool text is shown with control characters escaped (``\\x1b``), so a stored
+    answer cannot drive the terminal; the store is only read.
+    """
     record = store.open(check_session_id(session))
     children = store.children(session)
     print(f"session   {record.id}")
@@ -142,12 +186,12 @@ def show_session(store: SessionStore, session: str) -> int:
         who = m.role + (f" {m.name}" if m.name else "")
         if m.tool_call_id is not None:
             who += f" #{m.tool_call_id}"
-        print(f"[{stored.seq}] {who}{mark}")
+        print(escape_controls(f"[{stored.seq}] {who}{mark}", one_line=True))
         if m.content:
-            for line in m.content.splitlines():
-                print(f"    {line}")
+            for line in m.content.split("\n"):
+                print(f"    {escape_controls(line)}")
         for call in m.tool_calls:
-            print(f"    → #{call.id} {call.name}({call.arguments})")
+            print(escape_controls(f"    → #{call.id} {call.name}({call.arguments})", one_line=True))
     return 0
 
 
@@ -172,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one turn against an OpenAI-compatible endpoint")
     common(run, endpoint=True)
     run.add_argument("--session", default="main", help="the session id (default: main)")
-    run.add_argument("--timeout", type=float, default=None, help="seconds to wait for the turn")
+    run.add_argument(
+        "--timeout", type=_seconds, default=None, help="seconds to wait for the turn (> 0)"
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
     run.add_argument("text", help="what to say")
     run.set_defaults(fn=cmd_run)
@@ -198,8 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("sessions show needs a session ID")
     try:
         code: int = args.fn(args)
-    except (ConfigError, StoreError, HomeInUse, ValueError, OSError) as exc:
-        print(f"loopd: {exc}", file=sys.stderr)
+    except (ConfigError, StoreError, HomeInUse, ValueError, TypeError, OSError) as exc:
+        # URL credentials and tokens never reach the terminal, nor do its control sequences.
+        print(f"loopd: {escape_controls(redact(str(exc)))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import re
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
+from urllib.parse import urlsplit
 
+import httpx
 import msgspec
-from croniter import croniter
+from croniter import CroniterError, croniter
 from msgspec import Meta, field
 
-from messages import check_session_id
+from actors.files import read_regular_file
+from actors.text import redact
+from messages import check_top_level_session
 
 __all__ = [
     "CompactConfig",
@@ -23,6 +31,8 @@ __all__ = [
     "ModelConfig",
     "PortConfig",
     "SlotsConfig",
+    "check_base_url",
+    "check_wait",
 ]
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -31,16 +41,144 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+MAX_SECONDS = 365 * 24 * 3600
+"""The longest time any ``*_s`` key (and ``--timeout``) may say: 365 days."""
+
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file ``Config.load`` reads (1 MiB)."""
+
+_MAX_INT = 2**63 - 1
+_MAX_URL_CHARS = 2048
+_MAX_HOST_CHARS = 253
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class ConfigError(ValueError):
     """A configuration file or value is wrong; the message names the key."""
 
 
+def check_wait(value: object, what: str) -> float | None:
+    """``value`` as seconds to wait: None (no limit) or a finite number above 0 and at most
+    :data:`MAX_SECONDS`; ``ValueError`` naming ``what`` otherwise (``inf``, ``nan``, ``-1``, ``0``,
+    ``1e308``, a bool or a text)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise ValueError(
+            f"{what} must be a finite number of seconds above 0 and at most "
+            f"{MAX_SECONDS} (365 days), not {value!r}"
+        )
+    return float(value)
+
+
+def check_base_url(url: str, key: str = "model.base_url") -> str:
+    """Return ``url`` if it can be the base of every model request; ``ConfigError`` naming
+    ``key`` otherwise.
+
+    It must be ``http://`` or ``https://`` with a host, at most 2,048 characters, with no
+    whitespace or control character, no query or fragment, a valid port, and a host of at most
+    253 characters. Credentials in it are redacted from the error text.
+    """
+    shown = repr(redact(url)[:80] + ("…" if len(url) > 80 else ""))
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"{key} {shown} is not a usable URL: {why}")
+
+    if len(url) > _MAX_URL_CHARS:
+        raise refuse(f"it is longer than {_MAX_URL_CHARS} characters")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise refuse("it holds whitespace or a control character")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a port out of range or not a number raises here
+        host = parts.hostname
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    if parts.scheme not in ("http", "https"):
+        raise refuse("it must start with http:// or https://")
+    if not host:
+        raise refuse("it has no host")
+    if len(host) > _MAX_HOST_CHARS:
+        raise refuse(f"its host is longer than {_MAX_HOST_CHARS} characters")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise refuse("it must not have a query or a fragment")
+    if port == 0:
+        raise refuse("port 0 is not a port a server listens on")
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise refuse(str(exc)) from None
+    return url
+
+
+def _check_path_text(value: str, key: str) -> None:
+    if not value:
+        raise ConfigError(f"{key} must not be empty")
+    if "\x00" in value:
+        raise ConfigError(f"{key} must not hold a NUL character")
+
+
+def _check_value(key: str, value: Any) -> None:
+    """The rules msgspec's constraints do not state: finite floats, bounded ints and seconds,
+    text that is valid Unicode."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, not {value!r}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if key.endswith("_s") and value > MAX_SECONDS:
+            raise ConfigError(
+                f"{key} must be at most {MAX_SECONDS} seconds (365 days), not {value!r}"
+            )
+        if abs(value) > _MAX_INT:
+            raise ConfigError(f"{key} is too large: {value!r}")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"{key} is not valid Unicode text (index {exc.start})") from None
+
+
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
+    """A config table. Every value is checked when the table is built, from TOML or in Python
+    alike: msgspec's constraints (which it enforces only when decoding) and the rules of
+    :func:`_check_value`. A value of the right kind is normalised (an int given for a float
+    becomes a float, a list for a tuple a tuple)."""
+
+    _key: ClassVar[str] = ""
+    """The table's name in TOML (``model``), for the key names of errors."""
+
+    def __post_init__(self) -> None:
+        prefix = f"{self._key}." if self._key else ""
+        for name, kind in _field_types(type(self)):
+            key = prefix + name
+            value = getattr(self, name)
+            try:
+                checked = msgspec.convert(value, type=kind, strict=True)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+            _check_value(key, checked)
+            if checked is not value:
+                msgspec.structs.force_setattr(self, name, checked)
+
+
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_types(cls: type[_Section]) -> tuple[tuple[str, Any], ...]:
+    """``(name, type)`` of each field of ``cls``; computed once per class (msgspec evaluates
+    the annotations afresh on every ``fields`` call, which would make each Config cost ms)."""
+    found = _FIELD_TYPES.get(cls)
+    if found is None:
+        found = tuple((f.name, f.type) for f in msgspec.structs.fields(cls))
+        _FIELD_TYPES[cls] = found
+    return found
 
 
 class ModelConfig(_Section, frozen=True):
     """``[model]``: the OpenAI-compatible chat-completions endpoint."""
+
+    _key: ClassVar[str] = "model"
 
     base_url: str = "http://127.0.0.1:8080/v1"
     """Everything before ``/chat/completions``."""
@@ -59,13 +197,51 @@ class ModelConfig(_Section, frozen=True):
     retry_max_wait_s: Annotated[float, Meta(ge=0)] = 30.0
     """The longest wait before a retry, a server's Retry-After included."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_base_url(self.base_url)
+        if self.api_key_env is not None and not _ENV_NAME.fullmatch(self.api_key_env):
+            raise ConfigError(
+                f"model.api_key_env {self.api_key_env!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
+
     def api_key(self) -> str | None:
-        """The bearer token from ``api_key_env``, or None."""
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
+        """The bearer token from ``api_key_env`` without surrounding whitespace, or None.
+
+        None when ``api_key_env`` is unset, the variable is not set, or it is blank. A key
+        holding any other control or non-ASCII character cannot go into an HTTP header: that
+        is a :class:`ConfigError` naming the variable, never its value.
+        """
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env, "").strip()
+        for position, char in enumerate(key, start=1):
+            if not (char.isascii() and char.isprintable()):
+                kind = "non-ASCII" if not char.isascii() else "control"
+                raise ConfigError(
+                    f"the API key in the environment variable {self.api_key_env} "
+                    f"(model.api_key_env) has a {kind} character at position {position}; "
+                    "an HTTP header cannot carry it: set the variable to the key alone"
+                )
+        return key or None
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every text that must never appear in what loopd writes: the API key (as set, and
+        stripped) and the password of ``base_url``; for :func:`actors.text.redact`."""
+        found: list[str] = []
+        if self.api_key_env:
+            raw = os.environ.get(self.api_key_env, "")
+            found += [raw, raw.strip()]
+        with contextlib.suppress(ValueError):
+            found.append(urlsplit(self.base_url).password or "")
+        return tuple(s for s in found if s)
 
 
 class SlotsConfig(_Section, frozen=True):
     """``[slots]``: llama.cpp server slots (``id_slot``) for top-level sessions and children."""
+
+    _key: ClassVar[str] = "slots"
 
     main: Annotated[int, Meta(ge=0)] = 0
     background: Annotated[int, Meta(ge=0)] = 1
@@ -73,6 +249,8 @@ class SlotsConfig(_Section, frozen=True):
 
 class LoopConfig(_Section, frozen=True):
     """``[loop]``: the bounds of one turn."""
+
+    _key: ClassVar[str] = "loop"
 
     max_steps: Annotated[int, Meta(ge=1)] = 16
     """Model requests per turn; a model still calling tools at the limit ends with TURN_LIMIT."""
@@ -93,6 +271,8 @@ class LoopConfig(_Section, frozen=True):
 class CompactConfig(_Section, frozen=True):
     """``[compact]``: when a transcript is summarised, and how long the summary may be."""
 
+    _key: ClassVar[str] = "compact"
+
     summary_chars: Annotated[int, Meta(ge=1)] = 2_000
     """Cap of a compaction summary and of a subagent's summary to its parent."""
     threshold_chars: Annotated[int, Meta(ge=1)] = 200_000
@@ -102,6 +282,8 @@ class CompactConfig(_Section, frozen=True):
 class PortConfig(_Section, frozen=True):
     """``[port]``: the workers that run port tools."""
 
+    _key: ClassVar[str] = "port"
+
     concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
     """How many port tool calls may run at once (each on its own worker actor)."""
 
@@ -109,14 +291,26 @@ class PortConfig(_Section, frozen=True):
 class MemoryConfig(_Section, frozen=True):
     """``[memory]``: the file every new baseline reads, and who may write to it."""
 
+    _key: ClassVar[str] = "memory"
+
     file: str = "MEMORY.md"
     """The memory file, relative to ``home`` (or absolute)."""
     allow_untrusted_writes: bool = False
     """Whether an untrusted session may use the ``remember`` tool."""
+    max_chars: Annotated[int, Meta(ge=1)] = 64_000
+    """Characters of the memory file a new baseline copies; the rest is left out, with a note."""
+    max_entry_chars: Annotated[int, Meta(ge=1)] = 2_000
+    """Characters one ``remember`` entry may have; a longer one is denied."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_path_text(self.file, "memory.file")
 
 
 class CronJob(_Section, frozen=True):
     """One ``[[cron]]`` entry: a turn on ``session`` with ``prompt`` at each ``schedule`` time."""
+
+    _key: ClassVar[str] = "cron"
 
     session: str
     """The session the turn runs in."""
@@ -126,13 +320,22 @@ class CronJob(_Section, frozen=True):
     """The turn's text, after the ``It is <now>.`` line."""
 
     def __post_init__(self) -> None:
-        check_session_id(self.session)
+        super().__post_init__()
+        _check_top_level(self.session, "cron.session")
         if len(self.schedule.split()) != 5 or not croniter.is_valid(self.schedule):
-            raise ValueError(f"not a five-field cron expression: {self.schedule!r}")
+            raise ConfigError(f"cron.schedule: not a five-field cron expression: {self.schedule!r}")
+        try:
+            croniter(self.schedule, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
+        except (CroniterError, ValueError):
+            raise ConfigError(
+                f"cron.schedule {self.schedule!r} can never fire (no such date: 31 February, say)"
+            ) from None
 
 
 class HeartbeatConfig(_Section, frozen=True):
     """``[heartbeat]``: a turn on ``session`` every ``every_s`` seconds, prompted by ``file``."""
+
+    _key: ClassVar[str] = "heartbeat"
 
     session: str
     """The session the turn runs in."""
@@ -142,7 +345,16 @@ class HeartbeatConfig(_Section, frozen=True):
     """The prompt file, relative to ``home``; read afresh at each heartbeat."""
 
     def __post_init__(self) -> None:
-        check_session_id(self.session)
+        super().__post_init__()
+        _check_top_level(self.session, "heartbeat.session")
+        _check_path_text(self.file, "heartbeat.file")
+
+
+def _check_top_level(session: str, key: str) -> None:
+    try:
+        check_top_level_session(session)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def _default_home() -> str:
@@ -170,7 +382,16 @@ class Config(_Section, frozen=True):
         home = self.home
         if not isinstance(home, str | os.PathLike):
             raise ConfigError(f"home must be a path, not {type(home).__name__}")
-        msgspec.structs.force_setattr(self, "home", str(Path(home).expanduser()))
+        home = os.fspath(home)
+        if not isinstance(home, str):
+            raise ConfigError(f"home must be a text path, not {type(home).__name__}")
+        _check_path_text(home, "home")  # '' would silently mean the current folder
+        try:
+            expanded = Path(home).expanduser()
+        except RuntimeError as exc:  # ``~nosuchuser``
+            raise ConfigError(f"home {home!r}: {exc}") from None
+        msgspec.structs.force_setattr(self, "home", str(expanded))
+        super().__post_init__()
 
     @property
     def home_path(self) -> Path:
@@ -181,10 +402,11 @@ class Config(_Section, frozen=True):
     def load(cls, path: str | os.PathLike[str]) -> Config:
         """Read a TOML file; a missing key takes its default, an unknown or mistyped one fails.
 
-        Raises ``ConfigError`` naming the file and the key (``$.loop.max_steps``, say).
+        Raises ``ConfigError`` naming the file and the key (``$.loop.max_steps``, say). Only a
+        regular file of at most :data:`MAX_CONFIG_BYTES` is read (not a FIFO or ``/dev/zero``).
         """
         try:
-            data = Path(path).read_bytes()
+            data = read_regular_file(path, MAX_CONFIG_BYTES)
         except OSError as exc:
             raise ConfigError(f"cannot read config file {os.fspath(path)}: {exc}") from exc
         return cls.from_toml(data, source=os.fspath(path))
@@ -192,6 +414,10 @@ class Config(_Section, frozen=True):
     @classmethod
     def from_toml(cls, data: bytes | str, *, source: str = "<toml>") -> Config:
         """Parse TOML text into a Config (see :meth:`load`)."""
+        if isinstance(data, bytes):
+            data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, as some editors write
+        else:
+            data = data.removeprefix("\ufeff")
         try:
             return msgspec.toml.decode(data, type=cls)
         except msgspec.ValidationError as exc:

@@ -31,6 +31,7 @@ from messages import (
     FailReason,
     Inspect,
     JobSkipped,
+    MemoryWarning,
     OpenSession,
     Remember,
     RunTurn,
@@ -306,7 +307,9 @@ class ContextActor(pykka.ThreadingActor):
         assert hold.parent is not None
         hold.slot = self.config.slots.background
         try:
-            baseline = build_baseline(self.config, self.registry, self.memory.block())
+            block = self.memory.block()
+            self._memory_warnings(hold.session)
+            baseline = build_baseline(self.config, self.registry, block)
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
@@ -366,7 +369,9 @@ class ContextActor(pykka.ThreadingActor):
             self._answer_failure(hold, reason, msg.detail)
             return
         try:
-            baseline = build_baseline(self.config, self.registry, self.memory.block())
+            block = self.memory.block()
+            self._memory_warnings(hold.session)
+            baseline = build_baseline(self.config, self.registry, block)
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
@@ -487,6 +492,12 @@ class ContextActor(pykka.ThreadingActor):
             # It stopped before the RunTurn it was sent could start: that turn will not run.
             detail = "the session actor stopped before its turn began"
             self._answer_failure(hold, FailReason.CRASHED, detail)
+
+    def _memory_warnings(self, session: str) -> None:
+        """Emit what the memory source found wrong with its file (damage, a cut), if it says."""
+        take = getattr(self.memory, "take_reports", None)
+        for detail in take() if take is not None else ():
+            self._emit(MemoryWarning(session=session, detail=detail))
 
     def _remember(self, msg: Remember) -> None:
         # The Context owns the memory source, so it does the write (the session asked).

@@ -193,6 +193,8 @@ def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
         data = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise ModelFailure(f"the model's answer is not valid JSON: {exc}") from exc
+    except RecursionError:  # msgspec's depth limit: a hostile or broken server, not a bug
+        raise ModelFailure("the model's answer is nested too deeply to be read") from None
     if not isinstance(data, dict):
         raise ModelFailure("the model's answer is not a JSON object")
     choices = data.get("choices")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from actors.dispatch import depth_of
+from actors.text import escape_controls
 from messages import (
     Compacted,
     CompactionFailed,
     JobSkipped,
+    MemoryWarning,
     ModelAnswered,
     ModelRequestSent,
     SubagentFinished,
@@ -65,10 +67,18 @@ def _describe(event: TurnEvent) -> str:
             return f"compacted {before} → {after} chars"
         case CompactionFailed(detail=detail):
             return f"compaction failed: {detail}"
+        case MemoryWarning(detail=detail):
+            return f"memory: {detail}"
     return type(event).__name__
 
 
 def render_event(event: TurnEvent) -> str:
-    """One line for ``event``: time, session (indented by depth) and what happened."""
+    """One line for ``event``: time, session (indented by depth) and what happened.
+
+    Model and tool text in it (an answer's preview, tool names, details) is shown with every
+    control character escaped, newlines included, so the line is one line and a model cannot
+    drive the terminal it is printed on.
+    """
     indent = "│ " * depth_of(event.session)
-    return f"{event.at:%H:%M:%S} {indent}{event.session}  {_describe(event)}"
+    what = escape_controls(_describe(event), one_line=True)
+    return f"{event.at:%H:%M:%S} {indent}{event.session}  {what}"

@@ -18,11 +18,12 @@ from typing import Any, TextIO
 import pykka
 
 import messages
-from actors.config import Config
+from actors.config import Config, check_wait
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, SessionStore
+from actors.text import escape_controls, redact
 from messages import (
     ChatMessage,
     ContextStatus,
@@ -94,7 +95,7 @@ class _SendReply:
 
     def tell(self, message: Any) -> None:
         self._helpers.rt.directory.unregister(self._address, self)
-        _print(f"send: {message!r}")
+        _print(escape_controls(f"send: {message!r}"))
 
 
 class Helpers:
@@ -199,14 +200,15 @@ class Helpers:
         """Start a turn of ``session`` and return at once.
 
         Its events print if ``tail()`` is on; its outcome prints as ``send: ...`` when it
-        comes. Raises ``ValueError`` for an invalid id.
+        comes. Raises ``ValueError`` for an invalid id or a child's (``sub-...``), and as
+        ``run_turn`` does for bad text.
         """
-        check_session_id(session)
         address = self.rt.directory.unique("repl-send")
+        start = StartTurn(session, text, None, address)  # checks the id, text: raises first
         reply = _SendReply(self, address)
         self.rt.directory.register(address, reply)
         try:
-            self.rt.context.tell(StartTurn(session, text, None, address))
+            self.rt.context.tell(start)
         except BaseException:
             self.rt.directory.unregister(address, reply)
             raise
@@ -260,6 +262,7 @@ class Helpers:
         ``target`` as for ``tell``. Raises ``AddressError`` if no actor is there and
         ``TimeoutError`` if it has not answered after ``timeout`` seconds.
         """
+        check_wait(timeout, "timeout")
         address, mailbox = self._mailbox(target)
         if not isinstance(mailbox, pykka.ActorRef):
             raise AddressError(f"{address!r} is not an actor that answers; tell it instead")
@@ -309,7 +312,7 @@ def banner(rt: Runtime, scripted: bool) -> str:
     """The console's banner: where it runs, the helpers in one table, how to leave."""
     from actors.demo import DEMO_SESSION, DEMO_TEXT
 
-    model = "the demo's scripted model, offline" if scripted else rt.config.model.base_url
+    model = "the demo's scripted model, offline" if scripted else redact(rt.config.model.base_url)
     width = max(len(name) for name, _ in _HELP)
     lines = [
         f"loopd repl: a started runtime on {model}; home {rt.config.home_path}",

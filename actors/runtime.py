@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
+import traceback
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -12,7 +14,7 @@ from typing import Any
 
 import pykka
 
-from actors.config import Config
+from actors.config import Config, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
@@ -25,6 +27,7 @@ from actors.port import PortTool, port_error, port_handler
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
+from actors.text import RedactFilter, redact
 from actors.turn import Limits
 from messages import (
     CancelTurn,
@@ -41,28 +44,45 @@ __all__ = ["Runtime", "model_error", "model_handler"]
 
 log = logging.getLogger(__name__)
 
+_LIBRARY_LOGGERS = ("httpx", "httpcore")
+"""Loggers of the libraries loopd drives whose texts may carry a credential (a URL's)."""
+
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def model_error(request: ModelRequest, exc: Exception) -> ModelError:
-    """The model pool's answer to a request whose handling failed anyway."""
-    detail = f"the model client failed: {type(exc).__name__}: {exc}"
+def _unchanged(text: str) -> str:
+    return text
+
+
+def model_error(
+    request: ModelRequest, exc: Exception, scrub: Callable[[str], str] = _unchanged
+) -> ModelError:
+    """The model pool's answer to a request whose handling failed anyway; ``scrub`` (a
+    :func:`~actors.text.redact` bound to the secrets) cleans the text."""
+    detail = scrub(f"the model client failed: {type(exc).__name__}: {exc}")
     return ModelError(request.session, request.request_id, detail)
 
 
-def model_handler(model: ChatModel) -> Callable[[ModelRequest], ModelReply]:
-    """The model workers' job: one request in, one answer or error out, never an exception."""
+def model_handler(
+    model: ChatModel, scrub: Callable[[str], str] = _unchanged
+) -> Callable[[ModelRequest], ModelReply]:
+    """The model workers' job: one request in, one answer or error out, never an exception.
+
+    Every error text (the ``ModelError`` detail, which becomes the ``TurnFailed`` detail and the
+    events' text, and the log line) goes through ``scrub`` first, so an API key or URL
+    credentials echoed by a server or an HTTP library never leave loopd.
+    """
 
     def handle(request: ModelRequest) -> ModelReply:
         try:
             return model.complete(request)
         except ModelFailure as exc:
-            return ModelError(request.session, request.request_id, str(exc))
+            return ModelError(request.session, request.request_id, scrub(str(exc)))
         except Exception as exc:
-            log.exception("model client failed")
-            return model_error(request, exc)
+            log.error("model client failed: %s", scrub(traceback.format_exc()))
+            return model_error(request, exc, scrub)
 
     return handle
 
@@ -111,6 +131,7 @@ class Runtime:
         self._stopped = False
         self._owns_model = True
         self._home_lock: HomeLock | None = None
+        self._log_filter: RedactFilter | None = None
 
     @classmethod
     def start(
@@ -157,7 +178,12 @@ class Runtime:
         SessionStore(config.home_path / DB_NAME).close()
         chat_model = model if model is not None else HttpChatModel(config.model)
         if memory is None:
-            memory = default_memory(config.home, config.memory.file)
+            memory = default_memory(
+                config.home,
+                config.memory.file,
+                max_chars=config.memory.max_chars,
+                max_entry_chars=config.memory.max_entry_chars,
+            )
         directory = Directory()
         subscribers = Subscribers()
         limits = Limits(
@@ -174,8 +200,13 @@ class Runtime:
         try:
             refs[EVENTS] = EventBus.start(subscribers)
             refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
+            secrets = config.model.secrets()
+            scrub = functools.partial(redact, secrets=secrets)
             refs[MODEL] = PoolRouter.start(
-                config.model.concurrency, model_handler(chat_model), model_error, directory
+                config.model.concurrency,
+                model_handler(chat_model, scrub),
+                functools.partial(model_error, scrub=scrub),
+                directory,
             )
             refs[PORT] = PoolRouter.start(
                 config.port.concurrency, port_handler(tools), port_error, directory
@@ -195,6 +226,9 @@ class Runtime:
             raise
         runtime = cls(config, directory, subscribers, refs, chat_model, registry)
         runtime._owns_model = model is None  # a model passed in is the caller's to close
+        runtime._log_filter = RedactFilter(secrets)
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).addFilter(runtime._log_filter)
         return runtime
 
     @property
@@ -212,8 +246,10 @@ class Runtime:
     def send_turn(
         self, session: str, text: str, *, speaker: str | None = None, reply_to: str | None = None
     ) -> None:
-        """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any."""
-        check_session_id(session)
+        """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any.
+
+        Raises as :meth:`run_turn` does for a bad session id, text or speaker.
+        """
         self._tell_context(StartTurn(session, text, speaker, reply_to))
 
     def run_turn(
@@ -221,15 +257,19 @@ class Runtime:
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended.
 
-        Raises ``ValueError`` for an invalid session id before anything is stored, and
-        ``TimeoutError`` if the turn has not ended after ``timeout`` seconds (it goes on).
+        Raises, before anything is stored: ``ValueError`` for an invalid session id, a child's
+        id (``sub-...``), text or a speaker that is not valid Unicode, or a ``timeout`` that is
+        not a finite number of seconds above 0; ``TypeError`` for text that is not a ``str``
+        or a speaker that is neither ``str`` nor None. Raises ``TimeoutError`` if the turn has
+        not ended after ``timeout`` seconds (it goes on).
         """
-        check_session_id(session)
-        waiter = _Waiter()
+        check_wait(timeout, "timeout")
         address = self.directory.unique("waiter")
+        start = StartTurn(session, text, speaker, address)
+        waiter = _Waiter()
         self.directory.register(address, waiter)
         try:
-            self._tell_context(StartTurn(session, text, speaker, address))
+            self._tell_context(start)
             try:
                 outcome: TurnOutcome = waiter.wait(timeout)
             except TimeoutError:
@@ -248,6 +288,7 @@ class Runtime:
         tuple if ``session`` had no turn running. A model answer that arrives later is dropped.
         """
         check_session_id(session)
+        check_wait(timeout, "timeout")
         if self._stopped:
             raise RuntimeError("this runtime is stopped")
         cancelled = self.context.ask(CancelTurn(session), timeout=timeout)
@@ -282,6 +323,9 @@ class Runtime:
             self.model.close()
         for address in (MODEL, PORT, STORE, EVENTS):
             self._refs[address].stop(timeout=timeout)
+        if self._log_filter is not None:
+            for name in _LIBRARY_LOGGERS:
+                logging.getLogger(name).removeFilter(self._log_filter)
         if self._home_lock is not None:  # last: the store has written what it was sent
             self._home_lock.release()
 

@@ -34,11 +34,14 @@ from croniter import croniter
 from actors.config import Config, CronJob, HeartbeatConfig
 from actors.directory import CONTEXT, Directory
 from actors.dispatch import clock_text
+from actors.files import FileRefused, read_regular_file
 from messages import Inspect, JobSkipped, ScheduledTurn, Tick, TurnCompleted, TurnFailed
 from messages.base import Message
 
 __all__ = [
+    "HEARTBEAT_MAX_BYTES",
     "SCHEDULER",
+    "STATE_MAX_BYTES",
     "STATE_NAME",
     "CronEntry",
     "HeartbeatEntry",
@@ -58,6 +61,12 @@ SCHEDULER = "scheduler"
 
 STATE_NAME = "scheduler.json"
 """The state file's usual name, under ``home``."""
+
+HEARTBEAT_MAX_BYTES = 256 * 1024
+"""The largest heartbeat prompt file read; a larger one is skipped with a warning."""
+
+STATE_MAX_BYTES = 16 * 1024 * 1024
+"""The largest state file read; a larger one is treated as corrupt."""
 
 _STATE_VERSION = 1
 _MINUTE = timedelta(minutes=1)
@@ -277,9 +286,11 @@ def _read_state(path: Path) -> _State:
     """The state at ``path``; an empty one if there is no file. ``_CorruptState`` if it is not a
     state, ``OSError`` if it cannot be read."""
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, STATE_MAX_BYTES)
     except FileNotFoundError:
         return _State()
+    except FileRefused as exc:  # a FIFO, a device, or far too big: not a state file
+        raise _CorruptState(str(exc)) from exc
     try:
         state = msgspec.json.decode(data, type=_State)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -488,7 +499,8 @@ class SchedulerActor(pykka.ThreadingActor):
             return job.prompt
         path = self.home / job.file
         try:
-            prompt = path.read_text(encoding="utf-8").strip()
+            # A regular file only, and a bounded one: a FIFO here used to block the scheduler.
+            prompt = read_regular_file(path, HEARTBEAT_MAX_BYTES).decode("utf-8-sig").strip()
         except (OSError, UnicodeError) as exc:
             problem = f"cannot read the heartbeat file {path}: {exc}"
         else:

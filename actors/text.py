@@ -1,18 +1,29 @@
-"""Text hygiene for untrusted model output: character caps and control-text removal.
+"""Text hygiene: character caps, control-text removal, terminal display, secret redaction.
 
 Plain functions, no I/O. A child session's answer is untrusted: before it enters its parent's
 context it goes through :func:`neutralise` (so it cannot forge chat-template structure or drive
-a terminal) and :func:`cap_chars` (so it cannot crowd the parent's context).
+a terminal) and :func:`cap_chars` (so it cannot crowd the parent's context). What loopd prints
+to a terminal goes through :func:`escape_controls` (stored text stays as it was), and every
+error text that could carry a credential goes through :func:`redact`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["TEMPLATE_TOKENS", "cap_chars", "neutralise"]
+__all__ = [
+    "REDACTED",
+    "TEMPLATE_TOKENS",
+    "RedactFilter",
+    "cap_chars",
+    "escape_controls",
+    "neutralise",
+    "redact",
+]
 
 TEMPLATE_TOKENS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
@@ -110,3 +121,69 @@ def neutralise(text: str) -> str:
     result holds none of these, so ``neutralise(neutralise(t)) == neutralise(t)``.
     """
     return _strip_tokens(_CONTROLS.sub("", _ANSI.sub("", text)))
+
+
+# What a terminal may act on: C0 controls but ``\n`` and ``\t``, DEL, C1 controls, and lone
+# surrogates (which cannot even be encoded for the terminal). ``\n`` and ``\t`` join the set
+# for one-line displays.
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNSAFE_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str, *, one_line: bool = False) -> str:
+    """``text`` made safe to print to a terminal: every control character shown escaped.
+
+    C0 controls (but ``\\n`` and ``\\t``), DEL, C1 controls and lone surrogates become
+    ``\\xNN`` (``\\uNNNN`` for a surrogate), so ``ESC ] 0 ; x BEL`` prints as the visible text
+    ``\\x1b]0;x\\x07`` instead of retitling the window. With ``one_line``, ``\\n`` and
+    ``\\t`` are escaped too. Everything else is kept; the text a store holds is never changed.
+    """
+    pattern = _UNSAFE_ONE_LINE if one_line else _UNSAFE
+    return pattern.sub(_escaped, text)
+
+
+REDACTED = "[redacted]"
+"""What :func:`redact` puts where a secret was."""
+
+# ``scheme://user:password@host`` or ``scheme://token@host``: the userinfo goes.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+# ``Bearer <token>`` / ``Basic <token>`` (RFC 6750's token characters), as a header echoed in
+# an error text.
+_AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every credential replaced by :data:`REDACTED`.
+
+    Gone: each of ``secrets`` wherever it occurs (the API key, say), the userinfo of any URL
+    (``http://user:secret@host`` → ``http://[redacted]@host``) and the token after ``Bearer`` or
+    ``Basic``. Apply it to every text that leaves loopd (error details, events, logs, the CLI).
+    """
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
+    return _AUTH_HEADER.sub(rf"\1 {REDACTED}", text)
+
+
+class RedactFilter(logging.Filter):
+    """A logging filter that passes :func:`redact` over every record's text.
+
+    loopd redacts its own texts where they are made; this is for the loggers of the libraries
+    it drives (httpx logs each request's URL, credentials included).
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(secrets)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        clean = redact(text, self.secrets)
+        if clean != text:
+            record.msg, record.args = clean, None
+        return True

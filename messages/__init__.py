@@ -18,6 +18,7 @@ from messages.events import (
     Compacted,
     CompactionFailed,
     JobSkipped,
+    MemoryWarning,
     ModelAnswered,
     ModelRequestSent,
     SubagentFinished,
@@ -28,7 +29,14 @@ from messages.events import (
     TurnEvent,
     TurnStarted,
 )
-from messages.ids import CallId, SessionId, check_session_id
+from messages.ids import (
+    CHILD_PREFIX,
+    CallId,
+    SessionId,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
 from messages.runtime import (
     Appended,
     AppendMessages,
@@ -74,6 +82,7 @@ from messages.turns import (
 )
 
 __all__ = [
+    "CHILD_PREFIX",
     "AppendMessages",
     "Appended",
     "Baseline",
@@ -92,6 +101,7 @@ __all__ = [
     "FailReason",
     "Inspect",
     "JobSkipped",
+    "MemoryWarning",
     "Message",
     "ModelAnswer",
     "ModelAnswered",
@@ -133,5 +143,7 @@ __all__ = [
     "TurnOutcome",
     "TurnStarted",
     "check_session_id",
+    "check_text",
+    "check_top_level_session",
     "denial_message",
 ]

@@ -14,6 +14,7 @@ __all__ = [
     "Compacted",
     "CompactionFailed",
     "JobSkipped",
+    "MemoryWarning",
     "ModelAnswered",
     "ModelRequestSent",
     "SubagentFinished",
@@ -135,6 +136,14 @@ class CompactionFailed(_Event, frozen=True):
     detail: str
 
 
+class MemoryWarning(_Event, frozen=True):
+    """Building ``session``'s baseline, the memory file was found damaged or too long; ``detail``
+    says which. The baseline used what could be read. Each version of the file warns once."""
+
+    session: SessionId
+    detail: str
+
+
 TurnEvent = (
     TurnStarted
     | ModelRequestSent
@@ -147,5 +156,6 @@ TurnEvent = (
     | JobSkipped
     | Compacted
     | CompactionFailed
+    | MemoryWarning
 )
 """Every event a subscriber can see."""

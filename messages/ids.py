@@ -7,7 +7,14 @@ from typing import Annotated
 
 from msgspec import Meta
 
-__all__ = ["CallId", "SessionId", "check_session_id"]
+__all__ = [
+    "CHILD_PREFIX",
+    "CallId",
+    "SessionId",
+    "check_session_id",
+    "check_text",
+    "check_top_level_session",
+]
 
 SessionId = Annotated[
     str,
@@ -44,3 +51,43 @@ def check_session_id(text: object) -> str:
             why = "only ASCII letters, digits, '.', '_' and '-' are allowed"
         raise ValueError(f"invalid session id {text!r}: {why}")
     return text
+
+
+CHILD_PREFIX = "sub-"
+"""How every child's id begins: ``sub-<parent>-<n>``."""
+
+
+def check_top_level_session(text: object) -> str:
+    """Return ``text`` if it is a valid id for a top-level turn; raise ``ValueError`` otherwise.
+
+    On top of :func:`check_session_id`: an id that begins with ``sub-`` is a child's, and
+    children are opened only by their parents (a top-level turn on it could pre-seed or take
+    over a child's transcript).
+    """
+    session = check_session_id(text)
+    if session.startswith(CHILD_PREFIX):
+        raise ValueError(
+            f"session id {session!r} begins with {CHILD_PREFIX!r}: that is a child's id, and "
+            "children are opened only by their parents"
+        )
+    return session
+
+
+def check_text(value: object, what: str, *, optional: bool = False) -> None:
+    """Refuse ``value`` unless it is text loopd can store and send.
+
+    Raises ``TypeError`` naming ``what`` unless ``value`` is a ``str`` (or None, if
+    ``optional``), and ``ValueError`` if it holds a lone surrogate: that is not valid Unicode
+    text (it cannot be encoded as UTF-8, so neither the store nor the wire could take it).
+    """
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        kind = "a str or None" if optional else "a str"
+        raise TypeError(f"{what} must be {kind}, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid Unicode text: a lone surrogate at index {exc.start}"
+        ) from None

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from messages.base import Message
 from messages.chat import Baseline, ChatMessage
-from messages.ids import CallId, SessionId
+from messages.ids import CallId, SessionId, check_text, check_top_level_session
 from messages.tools import ToolResult
 from messages.turns import FailReason, TurnOutcome
 
@@ -145,11 +145,18 @@ class RunTurn(Message, frozen=True):
 
     ``stored``: the store holds ``text`` as the turn's user message already, and has counted
     the turn (a new child's record is created with it), so the turn asks the model at once.
+
+    ``text`` must be a ``str`` and ``speaker`` a ``str`` or None, both valid Unicode text.
     """
 
     text: str
     speaker: str | None = None
     stored: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_text(self.text, "the turn text")
+        check_text(self.speaker, "the speaker", optional=True)
 
 
 class SessionTurnEnded(Message, frozen=True):
@@ -210,6 +217,11 @@ class ScheduledTurn(Message, frozen=True):
     session: SessionId
     text: str
     reply_to: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_top_level_session(self.session)
+        check_text(self.text, "the turn text")
 
 
 class Tick(Message, frozen=True):

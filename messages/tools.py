@@ -8,7 +8,7 @@ from typing import Any
 from msgspec import field
 
 from messages.base import Message
-from messages.ids import CallId
+from messages.ids import CallId, check_text
 
 __all__ = [
     "DataClass",
@@ -67,12 +67,20 @@ class ToolCall(Message, frozen=True):
 
 
 class ToolResult(Message, frozen=True):
-    """The answer to one tool call, as it goes back to the model."""
+    """The answer to one tool call, as it goes back to the model.
+
+    ``text`` must be a ``str`` of valid Unicode text (a port tool that returns a lone surrogate
+    gets an error text instead: nothing could store or send it).
+    """
 
     call_id: CallId
     text: str
     data_class: DataClass = DataClass.PUBLIC
     untrusted: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_text(self.text, "a tool result's text")
 
 
 class ToolSpec(Message, frozen=True):

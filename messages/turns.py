@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from messages.base import Message
-from messages.ids import CallId, SessionId
+from messages.ids import CallId, SessionId, check_text, check_top_level_session
 
 __all__ = [
     "FailReason",
@@ -46,12 +46,22 @@ class StartTurn(Message, frozen=True):
 
     The answer (:class:`TurnCompleted` or :class:`TurnFailed`) goes to the ``reply_to`` address,
     when one is given, and is also visible to event subscribers as a ``TurnEnded`` event.
+
+    Checked when built or decoded, before anything is stored: ``session`` must not be a child's
+    id (``sub-...``: children are opened only by their parents), ``text`` must be a ``str`` and
+    ``speaker`` a ``str`` or None (``TypeError``), both valid Unicode text (``ValueError``).
     """
 
     session: SessionId
     text: str
     speaker: str | None = None
     reply_to: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_top_level_session(self.session)
+        check_text(self.text, "the turn text")
+        check_text(self.speaker, "the speaker", optional=True)
 
 
 class TurnCompleted(Message, frozen=True):

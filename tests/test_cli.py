@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from actors.testing import ChatServer, RawResponse, call, reply
+from actors import Config, Runtime
+from actors.store import SessionStore
+from actors.testing import ChatServer, RawResponse, ScriptedModel, call, reply
 from actors.testing.script import Answer
 
 TIMEOUT_S = 60
@@ -497,3 +501,265 @@ def test_a_home_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     no_traceback(result)
     assert str(blocker / "home") in result.stderr or "file" in result.stderr
+
+
+# --- the doors of the command line (issue 9) ---
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``loopd ARGV`` in this process, for refusals that come before any runtime starts."""
+    from actors.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e308", "-1", "0", "nan", "soon"])
+def test_run_refuses_a_timeout_that_is_not_finite_seconds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str
+) -> None:
+    home = tmp_path / "D"
+    code, _, err = run_in_process(capsys, "run", "--home", str(home), "--timeout", value, "hi")
+    assert code == 2
+    assert "argument --timeout" in err and "Traceback" not in err
+    assert not home.exists()
+
+
+def test_run_refuses_a_childs_session_id(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    home = tmp_path / "D"
+    code, _, err = run_in_process(capsys, "run", "--home", str(home), "--session", "sub-p-1", "x")
+    assert code == 2
+    assert "children are opened only by their parents" in err
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "sessions"])
+def test_an_empty_home_is_refused_not_replaced_by_the_default(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    args = ["--home", "", "hi"] if command == "run" else ["--home", ""]
+    code, _, err = run_in_process(capsys, command, *args)
+    assert code == 2
+    assert "home must not be empty" in err
+    assert not (tmp_path / ".loopd").exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://a\r\nX-Evil: 1", "http://" + "h" * 5000, "127.0.0.1:8080"]
+)
+def test_run_refuses_an_unusable_base_url_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str
+) -> None:
+    code, _, err = run_in_process(capsys, "run", "--home", str(tmp_path), "--base-url", url, "x")
+    assert code == 2
+    assert "model.base_url" in err and "is not a usable URL" in err
+    assert "\r" not in err and len(err) < 400
+
+
+def test_sessions_on_a_home_that_is_a_file_is_an_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a home")
+    code, out, err = run_in_process(capsys, "sessions", "--home", str(a_file))
+    assert code == 2
+    assert f"the home {a_file} is not a folder" in err
+    assert "no sessions" not in out
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_a_config_that_is_not_a_regular_file_is_refused_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    path = Path("/dev/zero")
+    if kind == "fifo":
+        path = tmp_path / "loopd.toml"
+        os.mkfifo(path)
+    code, _, err = run_in_process(capsys, "sessions", "--config", str(path))
+    assert code == 2
+    assert "not a regular file" in err
+
+
+def test_a_config_with_a_utf8_bom_is_read(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    home = tmp_path / "bom-home"
+    path = tmp_path / "loopd.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + f'home = "{home}"\n'.encode())
+    code, out, err = run_in_process(capsys, "sessions", "--config", str(path))
+    assert code == 0, err
+    assert f"no sessions: {home / 'loopd.db'} does not exist" in out
+
+
+def test_a_bad_api_key_stops_run_naming_the_variable_not_the_value(tmp_path: Path) -> None:
+    env = dict(os.environ, HOME=str(tmp_path), LOOPD_TEST_KEY="sk-secret-\x01-value")
+    config = tmp_path / "loopd.toml"
+    config.write_text('[model]\napi_key_env = "LOOPD_TEST_KEY"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "run", "--config", str(config), "hi"],
+        cwd=tmp_path,
+        env=env,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    no_traceback(result)
+    assert "LOOPD_TEST_KEY" in result.stderr and "control character" in result.stderr
+    assert "secret" not in result.stderr
+
+
+def test_run_never_runs_a_scheduled_job(chat_server: Server, tmp_path: Path) -> None:
+    # A one-shot command used to start the scheduler and use up the due heartbeat.
+    server = chat_server([reply("answer"), reply("heartbeat answer")])
+    home = tmp_path / "D"
+    home.mkdir()
+    (home / "HEARTBEAT.md").write_text("Anything new?")
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{home}"\n[heartbeat]\nsession = "watch"\nevery_s = 1\n'
+        '[[cron]]\nsession = "morning"\nschedule = "* * * * *"\nprompt = "go"\n'
+    )
+    result = loopd(tmp_path, "run", "--config", config, "--base-url", server.base_url, "hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "answer\n"
+    assert len(server.requests) == 1
+    assert not (home / "scheduler.json").exists()
+    assert "watch" not in result.stderr and "morning" not in result.stderr
+
+
+def test_model_text_reaches_the_terminal_escaped_and_the_store_unchanged(
+    chat_server: Server, tmp_path: Path
+) -> None:
+    hostile = "\x1b]0;PWNED\x07\x1b[2Jdone\x9b1m"
+    server = chat_server([call("\x1b[31mclock"), reply(hostile)])
+    home = tmp_path / "D"
+    result = loopd(tmp_path, "run", "--base-url", server.base_url, "--home", home, "go")
+    assert result.returncode == 0, result.stderr
+    for text in (result.stdout, result.stderr):
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert result.stdout == "\\x1b]0;PWNED\\x07\\x1b[2Jdone\\x9b1m\n"
+    assert "← model calls \\x1b[31mclock" in result.stderr
+    shown = loopd(tmp_path, "sessions", "show", "main", "--home", home)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "    \\x1b]0;PWNED\\x07\\x1b[2Jdone\\x9b1m" in shown.stdout
+    with SessionStore(home / "loopd.db") as store:
+        assert store.history("main")[-1].message.content == hostile
+
+
+def test_sessions_reads_a_home_it_may_not_write(tmp_path: Path) -> None:
+    home = tmp_path / "D"
+    with Runtime.start(Config(home=home), model=ScriptedModel([reply("hi")])) as rt:
+        rt.run_turn("kept", "hello", timeout=TIMEOUT_S)
+    before = sorted(p.name for p in home.iterdir())
+    # Root ignores file modes, so make the folder and the store immutable instead.
+    flagged = [home / "loopd.db", home]
+    done = [p for p in flagged if subprocess.run(["chattr", "+i", p], check=False).returncode == 0]
+    try:
+        if done != flagged:
+            pytest.skip("chattr +i is not available here to make a folder read-only")
+        listed = loopd(tmp_path, "sessions", "--home", home)
+        shown = loopd(tmp_path, "sessions", "show", "kept", "--home", home)
+    finally:
+        for p in done:
+            subprocess.run(["chattr", "-i", p], check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[0] == "kept"
+    assert shown.returncode == 0, shown.stderr
+    assert "hello" in shown.stdout
+    assert sorted(p.name for p in home.iterdir()) == before
+
+
+def test_sessions_never_writes_the_store(tmp_path: Path) -> None:
+    home = tmp_path / "D"
+    with Runtime.start(Config(home=home), model=ScriptedModel([reply("hi")])) as rt:
+        rt.run_turn("kept", "hello", timeout=TIMEOUT_S)
+    db = home / "loopd.db"
+    stamp = (db.stat().st_mtime_ns, db.read_bytes())
+    assert loopd(tmp_path, "sessions", "--home", home).returncode == 0
+    assert (db.stat().st_mtime_ns, db.read_bytes()) == stamp
+    from actors.reader import StoreReader
+    from actors.store import StoreError
+
+    with StoreReader(db) as reader, pytest.raises(StoreError, match="readonly"):
+        reader.append("kept", (), turns=9, next_call_id=9, untrusted=False)
+
+
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+flag_text = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["inf", "-inf", "nan", "1e308", "-1", "0", "0.5", "", "http://[::1", "~"]),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(timeout=flag_text, session=st.text(max_size=20), base_url=flag_text, model=flag_text)
+def test_any_run_flags_are_refused_cleanly(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    timeout: str,
+    session: str,
+    base_url: str,
+    model: str,
+) -> None:
+    # The session is a child's id, so every run is refused before a runtime starts; whichever
+    # flag is refused first, the refusal is an exit 2 with a line, never a traceback.
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--home", str(tmp_path / "D"), "--session", f"sub-{session}"]
+    argv += ["--timeout", timeout, "--base-url", base_url, "--model", model, "hi"]
+    code, _, err = run_in_process(capsys, *argv)
+    assert code == 2
+    assert "Traceback" not in err and err.strip()
+    assert not (tmp_path / "D").exists()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(home=st.text(max_size=30), show=st.one_of(st.none(), st.text(max_size=10)))
+def test_any_sessions_home_lists_or_is_refused_cleanly(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    home: str,
+    show: str | None,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    argv = ["sessions", "--home", home] + (["show", show] if show is not None else [])
+    code, _, err = run_in_process(capsys, *argv)
+    assert code in (0, 2), (code, err)
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # it only reads
+
+
+def test_demo_refuses_an_empty_home_too(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_in_process(capsys, "demo", "--home", "")
+    assert code == 2
+    assert "home must not be empty" in err
+
+
+def test_run_text_that_is_not_unicode_is_refused(tmp_path: Path) -> None:
+    # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
+    env = dict(os.environ, HOME=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "run", "--home", str(tmp_path / "D"), b"caf\xe9"],
+        cwd=tmp_path,
+        env=env,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert b"the turn text is not valid Unicode text" in result.stderr
+    assert b"Traceback" not in result.stderr
+    assert not (tmp_path / "D").exists()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import re
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,8 +15,12 @@ from actors.config import (
     CompactConfig,
     Config,
     ConfigError,
+    CronJob,
+    HeartbeatConfig,
     LoopConfig,
+    MemoryConfig,
     ModelConfig,
+    PortConfig,
     SlotsConfig,
 )
 
@@ -278,3 +284,208 @@ def test_any_shape_of_config_fails_only_with_a_config_error(data: dict) -> None:
 
     with contextlib.suppress(ConfigError):
         Config.from_toml(msgspec.toml.encode(data))
+
+
+# --- values checked when the config is read or built (issue 9, item 8) ------------------------
+
+
+def every_key() -> list[tuple[str, str, type[msgspec.Struct]]]:
+    """``(section, key, struct)`` for every scalar key of every table ("" is the top level)."""
+    found = [("", "home", Config)]
+    tables = {
+        "model": ModelConfig,
+        "slots": SlotsConfig,
+        "loop": LoopConfig,
+        "compact": CompactConfig,
+        "port": PortConfig,
+        "memory": MemoryConfig,
+        "heartbeat": HeartbeatConfig,
+        "cron": CronJob,
+    }
+    for section, struct in tables.items():
+        found += [(section, f.name, struct) for f in msgspec.structs.fields(struct)]
+    return found
+
+
+REQUIRED = {
+    "heartbeat": {"session": "watch", "every_s": 60.0},
+    "cron": {"session": "ops", "schedule": "0 7 * * *", "prompt": "go"},
+}
+FLOAT_KEYS = [
+    (section, key)
+    for section, key, struct in every_key()
+    for f in msgspec.structs.fields(struct)
+    if f.name == key and "float" in str(f.type)
+]
+
+
+def build(section: str, key: str, value: object) -> Config:
+    """A Config built in Python with ``section.key = value``."""
+    if section == "":
+        return Config(**{key: value})
+    struct = {s: t for s, _, t in every_key()}[section]
+    table = struct(**{**REQUIRED.get(section, {}), key: value})
+    return Config(**{section: (table,) if section == "cron" else table})
+
+
+def as_toml(section: str, key: str, value: str) -> str:
+    """TOML text setting ``section.key`` to the TOML literal ``value``."""
+    if section == "":
+        return f"{key} = {value}\n"
+    rows = {**{k: msgspec.json.encode(v).decode() for k, v in REQUIRED.get(section, {}).items()}}
+    rows[key] = value
+    header = "[[cron]]" if section == "cron" else f"[{section}]"
+    return header + "\n" + "".join(f"{k} = {v}\n" for k, v in rows.items())
+
+
+def test_every_float_key_is_found() -> None:
+    assert ("model", "timeout_s") in FLOAT_KEYS and ("heartbeat", "every_s") in FLOAT_KEYS
+
+
+@pytest.mark.parametrize(("section", "key"), FLOAT_KEYS)
+@pytest.mark.parametrize("literal", ["inf", "-inf", "nan", "1e308", "-1.0"])
+def test_a_float_key_refuses_what_is_not_a_sane_number_of_seconds(
+    section: str, key: str, literal: str
+) -> None:
+    name = f"{section}.{key}" if section else key
+    value = float(literal)
+    with pytest.raises(ConfigError, match=re.escape(name)):
+        build(section, key, value)
+    with pytest.raises(ConfigError, match=re.escape(name)):
+        Config.from_toml(as_toml(section, key, literal))
+
+
+@pytest.mark.parametrize(
+    ("built", "key"),
+    [
+        (lambda: ModelConfig(concurrency=0), "model.concurrency"),
+        (lambda: ModelConfig(timeout_s=0), "model.timeout_s"),
+        (lambda: ModelConfig(retries=11), "model.retries"),
+        (lambda: ModelConfig(name=7), "model.name"),
+        (lambda: LoopConfig(max_steps="16"), "loop.max_steps"),
+        (lambda: LoopConfig(max_steps=True), "loop.max_steps"),
+        (lambda: LoopConfig(system_prompt="a\ud800"), "loop.system_prompt"),
+        (lambda: SlotsConfig(main=2**70), "slots.main"),
+        (lambda: MemoryConfig(file=""), "memory.file"),
+        (lambda: MemoryConfig(max_entry_chars=0), "memory.max_entry_chars"),
+        (lambda: HeartbeatConfig(session="w", every_s=60, file="a\x00b"), "heartbeat.file"),
+        (lambda: ModelConfig(api_key_env="MY KEY"), "model.api_key_env"),
+        (lambda: Config(home=""), "home"),
+    ],
+)
+def test_a_config_built_in_python_is_checked_like_toml(built, key: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        built()
+
+
+def test_an_int_given_for_a_float_becomes_a_float_and_a_list_a_tuple() -> None:
+    assert ModelConfig(timeout_s=5).timeout_s == 5.0
+    assert type(ModelConfig(timeout_s=5).timeout_s) is float
+    job = CronJob(session="ops", schedule="0 7 * * *", prompt="go")
+    assert Config(cron=[job]).cron == (job,)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1",
+        "http://a\r\nb",
+        "http://a b",
+        "http://" + "h" * 5000,
+        "http://" + "h" * 300 + ".example",
+        "localhost:8080",
+        "ftp://host/v1",
+        "http://",
+        "http://host:99999/v1",
+        "http://host/v1?x=1",
+        "http://host/v1#frag",
+    ],
+)
+def test_an_unusable_base_url_is_refused_when_read(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"model\.base_url .* is not a usable URL"):
+        ModelConfig(base_url=url)
+    with pytest.raises(ConfigError, match=r"model\.base_url"):
+        Config.from_toml(f"[model]\nbase_url = {msgspec.json.encode(url).decode()}\n")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080/v1", "https://api.example.com/v1", "http://[::1]:8080/v1"]
+)
+def test_usable_base_urls_load(url: str) -> None:
+    assert ModelConfig(base_url=url).base_url == url
+
+
+def test_url_credentials_never_appear_in_the_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ModelConfig(base_url="http://ann:hunter2@[::1")
+    assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize("schedule", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *"])
+def test_a_cron_schedule_that_can_never_fire_is_refused(schedule: str) -> None:
+    with pytest.raises(ConfigError, match="can never fire"):
+        CronJob(session="ops", schedule=schedule, prompt="go")
+
+
+def test_a_leap_day_schedule_is_accepted() -> None:
+    assert CronJob(session="ops", schedule="0 0 29 2 *", prompt="go").schedule == "0 0 29 2 *"
+
+
+def test_a_bom_at_the_start_of_the_file_is_accepted(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "loopd.toml"
+    path.write_bytes(b"\xef\xbb\xbf[loop]\nmax_steps = 3\n")
+    assert Config.load(path).loop.max_steps == 3
+
+
+def test_the_api_key_is_stripped_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ModelConfig(api_key_env="LOOPD_TEST_API_KEY")
+    monkeypatch.setenv("LOOPD_TEST_API_KEY", " sk-abc\n")
+    assert model.api_key() == "sk-abc"
+    assert set(model.secrets()) == {" sk-abc\n", "sk-abc"}
+    monkeypatch.setenv("LOOPD_TEST_API_KEY", "sk-ab\x01c")
+    with pytest.raises(ConfigError, match="LOOPD_TEST_API_KEY") as caught:
+        model.api_key()
+    assert "sk-ab" not in str(caught.value)
+    monkeypatch.setenv("LOOPD_TEST_API_KEY", "   ")
+    assert model.api_key() is None
+
+
+any_value = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.text(max_size=20),
+    st.sampled_from(["http://127.0.0.1:1/v1", "0 7 * * *", "ops", "MEMORY.md", "KEY"]),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(where=st.sampled_from(every_key()), value=any_value)
+def test_any_value_of_any_key_is_refused_or_reads_back_the_same_from_toml(
+    where: tuple[str, str, type], value: object
+) -> None:
+    section, key, _ = where
+    try:
+        config = build(section, key, value)
+    except ConfigError:
+        return
+    # What Python accepts, TOML accepts and reads back equal: one set of rules.
+    again = Config.from_toml(msgspec.toml.encode(without_none(msgspec.to_builtins(config))))
+    assert again == config
+
+
+def without_none(data: object) -> object:
+    """``data`` with every None left out (TOML has no null: an unset key is a missing key)."""
+    if isinstance(data, dict):
+        return {k: without_none(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [without_none(v) for v in data]
+    return data
+
+
+def test_a_home_of_an_unknown_user_is_a_config_error() -> None:
+    # Found by hypothesis: Path("~0").expanduser() raises RuntimeError.
+    with pytest.raises(ConfigError, match="home '~no-such-user-here'"):
+        Config(home="~no-such-user-here")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -37,13 +38,114 @@ def test_directory_is_a_failure(tmp_path: Path) -> None:
         FileMemory(path).block()
 
 
-def test_invalid_utf8_is_a_failure_naming_the_path(tmp_path: Path) -> None:
+def test_a_damaged_file_gives_its_readable_part_and_reports_once(tmp_path: Path) -> None:
+    # A remember cut off inside a multi-byte character (the old append-in-place did that).
     path = tmp_path / "MEMORY.md"
-    path.write_bytes(b"ok \xff\xfe not utf-8")
-    with pytest.raises(MemoryFailure) as info:
-        FileMemory(path).block()
-    assert str(path) in str(info.value)
-    assert isinstance(info.value.__cause__, UnicodeDecodeError)
+    path.write_bytes("- tea ☕\n- coffee ".encode() + "☕".encode()[:2])
+    mem = FileMemory(path)
+    first = mem.block()
+    assert first.startswith("- tea ☕\n- coffee ")
+    assert first.endswith("\ufffd")
+    (report,) = mem.take_reports()
+    assert str(path) in report and "damaged" in report and "byte 19" in report
+    assert mem.block() == first
+    assert mem.take_reports() == []  # the same file: reported once
+
+
+def test_a_cut_multibyte_character_at_the_cap_is_not_damage(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_text("☕" * 50, encoding="utf-8")
+    mem = FileMemory(path, max_chars=10)
+    text = mem.block()
+    assert text.startswith("☕" * 10 + "\n[loopd: the memory file is longer than 10 characters")
+    reports = mem.take_reports()
+    assert len(reports) == 1 and "memory.max_chars (10 characters)" in reports[0]
+
+
+def test_the_block_is_read_again_only_when_the_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_text("one\n", encoding="utf-8")
+    mem = FileMemory(path)
+    for _ in range(100):
+        assert mem.block() == "one\n"
+    assert mem.reads == 1
+    path.write_text("two, longer\n", encoding="utf-8")  # a new size
+    assert mem.block() == "two, longer\n"
+    replacement = tmp_path / "new.md"
+    replacement.write_text("six!\n", encoding="utf-8")
+    os.replace(replacement, path)  # the same size as before, a new inode
+    assert mem.block() == "six!\n"
+    mem.remember("seven")
+    assert mem.block() == "six!\n- seven\n"
+    assert mem.reads == 4
+    path.unlink()
+    assert mem.block() == ""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_path_that_is_not_a_regular_file_fails_at_once(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "MEMORY.md"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    mem = FileMemory(path)
+    # A FIFO with no writer used to block the Context for ever.
+    with pytest.raises(MemoryFailure, match="not a regular file"):
+        mem.block()
+    with pytest.raises(MemoryFailure, match="not a regular file"):
+        mem.remember("x")
+
+
+def test_remember_writes_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_text("- old\n", encoding="utf-8")
+    mem = FileMemory(path)
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(MemoryFailure, match="No space left"):
+        mem.remember("☕" * 100)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert path.read_bytes() == b"- old\n"  # the old file, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["MEMORY.md"]  # no temporary left
+
+
+def test_remember_keeps_the_file_mode_and_follows_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "real.md"
+    real.write_text("- a\n", encoding="utf-8")
+    real.chmod(0o600)
+    link = tmp_path / "MEMORY.md"
+    link.symlink_to(real)
+    FileMemory(link).remember("b")
+    assert link.is_symlink()
+    assert real.read_text(encoding="utf-8") == "- a\n- b\n"
+    assert real.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_entry_longer_than_max_entry_chars_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    mem = FileMemory(path, max_entry_chars=5)
+    mem.remember("12345")
+    with pytest.raises(MemoryFailure, match=r"6 characters; memory.max_entry_chars allows 5"):
+        mem.remember("123456")
+    assert path.read_text(encoding="utf-8") == "- 12345\n"
+
+
+def test_remember_is_refused_once_the_file_is_full(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    mem = FileMemory(path, max_chars=20)
+    mem.remember("0123456789")  # "- 0123456789\n" is 13 characters
+    with pytest.raises(MemoryFailure, match="memory is full"):
+        mem.remember("abcdef")
+    assert path.read_text(encoding="utf-8") == "- 0123456789\n"
+
+
+def test_remember_refuses_text_that_is_not_unicode(tmp_path: Path) -> None:
+    mem = FileMemory(tmp_path / "MEMORY.md")
+    with pytest.raises(MemoryFailure, match="not valid Unicode"):
+        mem.remember("a\ud800b")
+    assert not (tmp_path / "MEMORY.md").exists()
 
 
 def test_updated_recorded(tmp_path: Path) -> None:
@@ -104,3 +206,40 @@ def test_updates_keep_only_the_newest(tmp_path) -> None:
         memory.updated("s", turn)
     assert len(memory.updates) == UPDATES_KEPT
     assert memory.updates[-1] == ("s", UPDATES_KEPT + 4)
+
+
+WRITER = """
+import sys
+from actors.memory import FileMemory
+memory = FileMemory(sys.argv[1], max_chars=10**7, max_entry_chars=10**6)
+for i in range(10**6):
+    memory.remember("\\u2615" * 40_000 + f" {i}")
+    print(i, flush=True)
+"""
+
+
+def test_a_writer_killed_mid_remember_leaves_whole_lines(tmp_path: Path) -> None:
+    after = 3
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "MEMORY.md"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for _ in range(after):
+            assert proc.stdout is not None and proc.stdout.readline()
+        proc.send_signal(signal.SIGKILL)  # lands somewhere inside the next remember
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    text = path.read_bytes().decode("utf-8")  # strict: no cut character
+    lines = text.splitlines(keepends=True)
+    assert len(lines) >= after
+    for i, line in enumerate(lines):
+        assert line == "- " + "☕" * 40_000 + f" {i}\n"
+    # At most the temporary file of the write that was killed is left beside it.
+    others = [p.name for p in tmp_path.iterdir() if p.name != "MEMORY.md"]
+    assert all(name.startswith(".MEMORY.md.") and name.endswith(".tmp") for name in others)

@@ -217,6 +217,9 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.JobSkipped: lambda: messages.JobSkipped(
         session="mm-thread", job="heartbeat:mm-thread", held=("sub-mm-thread-1",), at=AT
     ),
+    messages.MemoryWarning: lambda: messages.MemoryWarning(
+        session="mm-thread", detail="memory file MEMORY.md is damaged", at=AT
+    ),
     messages.Remember: lambda: messages.Remember("mm-thread", 4, "The user's name is Ana."),
     messages.ScheduledTurn: lambda: messages.ScheduledTurn(
         "cron:0:mm-thread", "mm-thread", "It is 2026-11-30T07:00:00Z.\n\nMorning.", "scheduler"
@@ -453,6 +456,8 @@ def spec_allows(text: str) -> bool:
 @pytest.mark.parametrize("text", VALID_IDS)
 def test_valid_session_id_is_returned_unchanged(text: str) -> None:
     assert check_session_id(text) == text
+    if text.startswith("sub-"):
+        return  # a child's id: valid, but no top-level turn may open it (tests/test_doors.py)
     assert StartTurn(session=text, text="t").session == text
     wire = msgspec.json.encode({"type": "StartTurn", "session": text, "text": "t"})
     assert msgspec.json.decode(wire, type=StartTurn).session == text

@@ -3,9 +3,11 @@ rule holds."""
 
 from __future__ import annotations
 
+import threading
+
 from actors import ToolOutput, port_tool
 from actors.testing import call, reply
-from messages import ModelRequest, TurnCompleted
+from messages import MemoryWarning, ModelRequest, TurnCompleted, TurnEnded
 
 WAIT = 10.0
 
@@ -90,3 +92,56 @@ def test_remember_arguments_are_checked(loopd_runtime) -> None:
     assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted(
         "s", "Denied: the arguments are not valid for this tool: unknown field: txt."
     )
+
+
+def test_a_damaged_memory_file_does_not_stop_new_sessions(loopd_runtime, loopd_config) -> None:
+    # What an append cut inside a multi-byte character left behind before writes were atomic:
+    # every new session and child failed with spawn_error until someone fixed the file.
+    home = loopd_config.home_path
+    home.mkdir(parents=True)
+    (home / "MEMORY.md").write_bytes(b"- likes tea\n- pays to " + "€".encode()[:2])
+
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if request.session == "a" and last.role == "user":
+            return call("subagent", task="look")
+        return reply("ok")
+
+    rt = loopd_runtime(script)
+    warnings: list[MemoryWarning] = []
+    seen = threading.Event()
+
+    def watch(event) -> None:
+        if isinstance(event, MemoryWarning):
+            warnings.append(event)
+        if isinstance(event, TurnEnded) and event.session == "b":
+            seen.set()
+
+    rt.subscribe(watch)
+    assert rt.run_turn("a", "go", timeout=WAIT) == TurnCompleted("a", "ok")
+    assert rt.run_turn("b", "go", timeout=WAIT) == TurnCompleted("b", "ok")
+    assert seen.wait(WAIT)
+    for request in rt.model.requests:  # a, its child and b: all on the readable part
+        assert "- likes tea\n- pays to \ufffd" in system_of(request)
+    assert {r.session for r in rt.model.requests} == {"a", "sub-a-1", "b"}
+    (warning,) = warnings  # once, for the first baseline that read the file
+    assert warning.session == "a" and "is damaged: not UTF-8 at byte 22" in warning.detail
+
+
+def test_an_entry_longer_than_the_cap_is_denied_and_nothing_is_written(
+    loopd_runtime, loopd_config
+) -> None:
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if last.role == "user":
+            return call("remember", text="x" * 2001)
+        return reply(last.content or "")
+
+    rt = loopd_runtime(script)
+    outcome = rt.run_turn("s", "note it", timeout=WAIT)
+    assert outcome == TurnCompleted(
+        "s",
+        "Error: could not remember: the entry has 2001 characters; "
+        "memory.max_entry_chars allows 2000: remember something shorter",
+    )
+    assert not (loopd_config.home_path / "MEMORY.md").exists()

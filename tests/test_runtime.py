@@ -18,6 +18,7 @@ from messages import (
     Inspect,
     ModelRequest,
     SessionRecord,
+    StartTurn,
     SubagentFinished,
     SubagentStarted,
     TurnCompleted,
@@ -25,6 +26,18 @@ from messages import (
     TurnFailed,
     TurnStarted,
 )
+from messages.base import Message
+
+
+class HeldByHand(StartTurn, frozen=True):
+    """A ``StartTurn`` on a child's id, past the check every door makes (children are opened
+    only by their parents). No user can send one any more; it stands for the one way a child's
+    id is held with no turn of its parent around it: a child still winding down after its
+    parent's call was answered (``loop.child_timeout_s``)."""
+
+    def __post_init__(self) -> None:
+        Message.__post_init__(self)
+
 
 WAIT = 10.0
 
@@ -180,7 +193,7 @@ def test_a_child_whose_id_is_held_fails(loopd_runtime) -> None:
     rt = loopd_runtime(parent_then_child(child))
     probe = Probe.start(rt.directory)
     try:
-        rt.send_turn("sub-p-1", "I hold this id", reply_to=probe.address)
+        rt.context.tell(HeldByHand("sub-p-1", "I hold this id", reply_to=probe.address))
         rt.model.wait_for_requests(1)
         assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")
     finally:
