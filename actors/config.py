@@ -8,7 +8,7 @@ import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -18,7 +18,7 @@ from msgspec import Meta, field
 
 from actors.files import read_regular_file
 from actors.text import redact
-from messages import check_top_level_session
+from messages import SlotPool, check_top_level_session
 
 __all__ = [
     "CompactConfig",
@@ -30,6 +30,7 @@ __all__ = [
     "MemoryConfig",
     "ModelConfig",
     "PortConfig",
+    "SlotPool",
     "SlotsConfig",
     "check_base_url",
     "check_wait",
@@ -187,9 +188,20 @@ class ModelConfig(_Section, frozen=True):
     api_key_env: str | None = None
     """Name of an environment variable holding a bearer token; none is sent when unset."""
     timeout_s: Annotated[float, Meta(gt=0)] = 600.0
-    """Seconds one request may take, connect to last byte."""
-    concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
-    """How many model requests may be in flight at once (each on its own worker actor)."""
+    """Seconds one attempt may take, connect to last byte, whatever the server's pace.
+
+    A wait for a free slot does not count."""
+    concurrency: Annotated[int, Meta(ge=1, le=65_536)] = 64
+    """How many model requests may be in flight at once: tasks of one event loop, not threads.
+
+    Never fewer than ``loop.max_children`` (the runtime raises it to that)."""
+    max_answer_bytes: Annotated[int, Meta(ge=1)] = 8 * 1024 * 1024
+    """The largest answer body read; a larger one fails the request with ``model_error``."""
+    disconnect_grace_s: Annotated[float, Meta(ge=0)] = 2.0
+    """Seconds a server may take to notice a closed connection and stop generating.
+
+    A slot whose request was cut off (cancelled, timed out, too large) gets no new request,
+    a retry included, before this has passed."""
     retries: Annotated[int, Meta(ge=0, le=10)] = 2
     """Extra attempts after a failure a retry can help (no connection, 429, 5xx, timeout)."""
     retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.5
@@ -238,13 +250,72 @@ class ModelConfig(_Section, frozen=True):
         return tuple(s for s in found if s)
 
 
+SlotId = Annotated[int, Meta(ge=0)]
+"""A llama.cpp slot number (``id_slot``)."""
+SlotIds = SlotId | Annotated[tuple[SlotId, ...], Meta(min_length=1)]
+"""One slot, or a pool of them."""
+
+
+def _pool_ids(value: int | tuple[int, ...]) -> tuple[int, ...]:
+    ids = (value,) if isinstance(value, int) else tuple(value)
+    return tuple(dict.fromkeys(ids))  # order kept, duplicates dropped
+
+
 class SlotsConfig(_Section, frozen=True):
-    """``[slots]``: llama.cpp server slots (``id_slot``) for top-level sessions and children."""
+    """``[slots]``: llama.cpp server slots (``id_slot``) for top-level sessions and children.
+
+    Each pool is a slot id or a list of them. A request takes a free slot of its pool, never
+    one that has a request in flight; see :class:`actors.slots.SlotTable`.
+    """
 
     _key: ClassVar[str] = "slots"
 
-    main: Annotated[int, Meta(ge=0)] = 0
-    background: Annotated[int, Meta(ge=0)] = 1
+    main: SlotIds = 0
+    """The pool of top-level sessions."""
+    background: SlotIds | None = None
+    """The pool of children; none: slot 1, or with ``total`` every slot but the main ones."""
+    total: Annotated[int, Meta(ge=1)] | Literal["auto"] | None = None
+    """How many slots the server has; ``"auto"`` reads ``total_slots`` from its ``/props``."""
+
+    def pool(self, name: SlotPool) -> tuple[int, ...]:
+        """The slot ids of pool ``name`` (an unset background is resolved as documented)."""
+        main = _pool_ids(self.main)
+        if name == "main":
+            return main
+        if self.background is not None:
+            return _pool_ids(self.background)
+        if isinstance(self.total, int):
+            rest = tuple(s for s in range(self.total) if s not in main)
+            return rest or main  # a server with only the main slots: children share them
+        return (1,)
+
+    def home_slot(self, name: SlotPool) -> int:
+        """The slot a new session of pool ``name`` is created on: the pool's first."""
+        return self.pool(name)[0]
+
+    def resolved(self, total: int | None = None) -> SlotsConfig:
+        """Explicit pools (``total`` from the server for ``"auto"``); raises ``ConfigError`` if
+        a slot id is not below the server's slot count. A pool of one slot stays an int."""
+        known = total if total is not None else self.total
+        if known == "auto":
+            raise ConfigError('slots.total is "auto": read total_slots from the server first')
+        this = msgspec.structs.replace(self, total=known)
+        pools = {name: this.pool(name) for name in ("main", "background")}
+        if isinstance(known, int):
+            for name, ids in pools.items():
+                wrong = [s for s in ids if s >= known]
+                if wrong:
+                    raise ConfigError(
+                        f"slots.{name} names slot {wrong[0]}, but the server has {known} slots "
+                        f"(0 to {known - 1})"
+                    )
+
+        def compact(ids: tuple[int, ...]) -> int | tuple[int, ...]:
+            return ids[0] if len(ids) == 1 else ids
+
+        return SlotsConfig(
+            main=compact(pools["main"]), background=compact(pools["background"]), total=known
+        )
 
 
 class LoopConfig(_Section, frozen=True):
@@ -286,6 +357,9 @@ class PortConfig(_Section, frozen=True):
 
     concurrency: Annotated[int, Meta(ge=1, le=256)] = 8
     """How many port tool calls may run at once (each on its own worker actor)."""
+    timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    """Seconds one tool call may take; past it the call is answered with an error text and the
+    tool is told to stop. None: no limit."""
 
 
 class MemoryConfig(_Section, frozen=True):

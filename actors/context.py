@@ -255,7 +255,7 @@ class ContextActor(pykka.ThreadingActor):
             detail = f"session {msg.session} is busy: another turn holds it"
             self.directory.tell(msg.reply_to, TurnFailed(msg.session, FailReason.BUSY, detail))
             return
-        self._open(hold, self.config.slots.main)
+        self._open(hold, self.config.slots.home_slot("main"))
 
     def _scheduled(self, msg: ScheduledTurn) -> None:
         # A job never piles onto a session that is busy, or waiting for its children.
@@ -305,7 +305,7 @@ class ContextActor(pykka.ThreadingActor):
         record and first message are created at once, with its parent's untrusted flag. The
         store opens a stored record only if that parent's spawn created it."""
         assert hold.parent is not None
-        hold.slot = self.config.slots.background
+        hold.slot = self.config.slots.home_slot("background")
         try:
             block = self.memory.block()
             self._memory_warnings(hold.session)
@@ -336,12 +336,17 @@ class ContextActor(pykka.ThreadingActor):
         live = self.live.get(hold.session)
         if live is not None:
             hold.incarnation = live.incarnation
-            if self._tell_live(hold, RunTurn(hold.text, hold.speaker)):
+            if self._tell_live(hold, self._run_turn(hold)):
                 return
             hold.incarnation = 0
             self.live.pop(hold.session, None)  # stopped from outside: rebuild it from the store
         # Open first; only a session that is not stored needs a baseline (and so memory).
         self._ask_store(hold, None)
+
+    @staticmethod
+    def _run_turn(hold: Hold, *, stored: bool = False) -> RunTurn:
+        pool = "background" if hold.is_child else "main"
+        return RunTurn(hold.text, hold.speaker, stored=stored, pool=pool)
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> None:
         hold.open_request = next(self.requests)
@@ -396,7 +401,7 @@ class ContextActor(pykka.ThreadingActor):
         hold.incarnation = incarnation
         # A new child's record holds its first message already: its turn asks the model at once.
         stored = hold.is_child and msg.created
-        self._tell_live(hold, RunTurn(hold.text, hold.speaker, stored=stored))
+        self._tell_live(hold, self._run_turn(hold, stored=stored))
 
     def _tell_live(self, hold: Hold, message: Any) -> bool:
         """Tell ``message`` to the live actor running ``hold``; False if there is none.

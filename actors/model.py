@@ -2,14 +2,17 @@
 
 :func:`request_body` turns a :class:`~messages.ModelRequest` into the wire body (with llama.cpp's
 ``id_slot`` and ``cache_prompt``), :func:`parse_answer` turns the server's answer back into a
-:class:`~messages.ModelAnswer`, and :class:`HttpChatModel` does the HTTP in between. Every failure
-is a :class:`ModelFailure` whose message names the cause, ready to go into a ``ModelError``.
-Failures a retry can help (see :func:`is_retryable`) are retried a bounded number of times, after
-the wait :func:`retry_delay` gives.
+:class:`~messages.ModelAnswer`, and :class:`HttpChatModel` does the HTTP in between, as a
+coroutine on an asyncio loop (the model service's, see :mod:`actors.model_service`). Every
+failure is a :class:`ModelFailure` whose message names the cause, ready to go into a
+``ModelError``. Failures a retry can help (see :func:`is_retryable`) are retried a bounded number
+of times, after the wait :func:`retry_delay` gives.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -24,12 +27,16 @@ from actors.config import ModelConfig
 from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec
 
 __all__ = [
+    "AsyncChatModel",
     "ChatModel",
     "HttpChatModel",
     "ModelFailure",
+    "answer_too_large",
     "encode_body",
     "is_retryable",
     "parse_answer",
+    "props_url",
+    "read_total_slots",
     "request_body",
     "retry_delay",
 ]
@@ -62,7 +69,12 @@ class ModelFailure(Exception):
 
 
 class ChatModel(Protocol):
-    """Anything that answers chat-completions requests: the HTTP client, or a scripted fake."""
+    """Anything that answers chat-completions requests: the HTTP client, or a scripted fake.
+
+    The model service runs ``complete`` on a bounded pool of threads, so it may block. A model
+    may also have ``uses_slots = False`` (an in-process model: no llama.cpp slots to guard);
+    without it, requests take slots of the slot table like the HTTP client's.
+    """
 
     def complete(self, request: ModelRequest) -> ModelAnswer:
         """Answer ``request``, blocking; raise :class:`ModelFailure` when that is impossible."""
@@ -70,6 +82,24 @@ class ChatModel(Protocol):
 
     def close(self) -> None:
         """Release the model's resources (connections); ``complete`` may not be called after."""
+        ...
+
+
+class AsyncChatModel(Protocol):
+    """A model whose requests are coroutines: the model service awaits ``acomplete`` on its
+    loop, and cancels the task when nobody waits for the answer any more."""
+
+    async def acomplete(self, request: ModelRequest) -> ModelAnswer:
+        """Answer ``request``; raise :class:`ModelFailure` when that is impossible."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the running loop holds (its connections); the model may be used again
+        from another loop."""
+        ...
+
+    def close(self) -> None:
+        """Release everything; no request may be made after."""
         ...
 
 
@@ -264,51 +294,105 @@ def retry_delay(attempt: int, headers: Mapping[str, str] | None, config: ModelCo
 # --- the client -------------------------------------------------------------------------------
 
 
-class HttpChatModel:
-    """A :class:`ChatModel` over HTTP, to any OpenAI-compatible server.
+class _Failed(Exception):
+    """One attempt failed: why, whether a retry can help, and whether the request was cut off
+    while the server may still be working on it."""
 
-    One ``httpx.Client`` serves every caller: it is thread-safe, so several model workers may
-    call :meth:`complete` at once, each on its own pooled connection. A failure a retry can help
-    is retried up to ``config.retries`` times; the waits in between end early on ``stop``.
+    def __init__(
+        self,
+        cause: str,
+        *,
+        retry: bool,
+        cut: bool,
+        headers: httpx.Headers | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.retry = retry
+        self.cut = cut
+        self.headers = headers
+        self.error = error
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> bytes:
+    """The body of ``response``, or :class:`_TooLarge` as soon as it passes ``cap`` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise _TooLarge  # stop reading: leaving the stream closes the connection
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def answer_too_large(cap: int) -> str:
+    """The failure text of an answer body larger than ``model.max_answer_bytes``."""
+    return f"the model's answer was larger than model.max_answer_bytes ({cap} bytes)"
+
+
+class HttpChatModel:
+    """A :class:`ChatModel` and :class:`AsyncChatModel` over HTTP, to any OpenAI-compatible
+    server.
+
+    :meth:`acomplete` is a coroutine of the loop that awaits it, on an ``httpx.AsyncClient`` of
+    that loop: cancelling its task closes the connection, which is what makes llama.cpp stop
+    generating. :meth:`complete` is the same for a caller in a plain thread. Each attempt has a
+    deadline of ``timeout_s`` from connect to the last byte, whatever the server's pace, and
+    reads at most ``max_answer_bytes``. A failure a retry can help is retried up to
+    ``retries`` times.
     """
+
+    uses_slots = True
+    """Requests go to llama.cpp slots (``id_slot``), which the model service guards."""
 
     def __init__(
         self,
         config: ModelConfig,
         *,
-        transport: httpx.BaseTransport | None = None,
-        stop: threading.Event | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        connections: int | None = None,
     ):
         """Connect lazily to ``config.base_url``; ``transport`` replaces the network (tests).
 
-        ``stop``, once set (:meth:`close` sets it), ends any wait before a retry with a
-        :class:`ModelFailure`; a shared event lets a shutdown cut every wait short.
+        ``connections`` is the size of each loop's connection pool (default: at least 64, and
+        at least ``config.concurrency``), so requests never queue inside the client.
         """
         self._config = config
         self._url = config.base_url.rstrip("/") + "/chat/completions"
-        self._stop = stop if stop is not None else threading.Event()
-        headers = {"Content-Type": "application/json"}
+        self._headers = {"Content-Type": "application/json"}
         api_key = config.api_key()
         if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        connections = max(_MIN_CONNECTIONS, config.concurrency)
-        self._client = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(config.timeout_s),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-            transport=transport,
-        )
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._connections = connections or max(_MIN_CONNECTIONS, config.concurrency)
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._closed = False
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        # complete() calls in flight, each a task on a loop of its own: close() cancels them.
+        self._calls: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
 
     @property
     def url(self) -> str:
         """The endpoint every request is posted to: ``<base_url>/chat/completions``."""
         return self._url
 
-    def complete(self, request: ModelRequest) -> ModelAnswer:
+    # Async.
+
+    async def acomplete(self, request: ModelRequest) -> ModelAnswer:
         """POST ``request`` and parse the answer; raise :class:`ModelFailure` naming the cause.
 
         After the last attempt the message names the last failure's cause and, if there was more
-        than one attempt, how many were made.
+        than one attempt, how many were made. Cancelling the task stops the request at once,
+        a wait before a retry included.
         """
         try:
             content = encode_body(self._config.name, request)
@@ -316,40 +400,159 @@ class HttpChatModel:
             raise ModelFailure(f"cannot send the request to the model: {exc}") from exc
         attempt = 0
         while True:
-            if self._client.is_closed:
-                raise ModelFailure("the model client is closed")
-            headers: httpx.Headers | None = None
-            error: httpx.HTTPError | None = None
+            client = self._client()
             try:
-                response = self._client.post(self._url, content=content)
-            except httpx.HTTPError as exc:
-                error, cause, retry = exc, self._transport_cause(exc), is_retryable(exc)
-            else:
-                status = response.status_code
-                if response.is_success:
-                    return parse_answer(request.session, request.request_id, response.content)
-                excerpt = response.content.decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
-                cause = f"the model at {self._url} answered HTTP {status}: {excerpt}"
-                retry = is_retryable(status)
-                if status in _RETRY_AFTER_STATUSES:
-                    headers = response.headers
-            if not retry or attempt == self._config.retries:
-                if attempt:
-                    cause += f" (after {attempt + 1} attempts)"
-                raise ModelFailure(cause) from error
-            if self._stop.wait(retry_delay(attempt, headers, self._config)):
-                raise ModelFailure("the model client was closed while waiting to retry") from error
+                return await self._attempt(client, request, content)
+            except _Failed as failed:
+                if not failed.retry or attempt == self._config.retries:
+                    cause = failed.cause
+                    if attempt:
+                        cause += f" (after {attempt + 1} attempts)"
+                    raise ModelFailure(cause) from failed.error
+                delay = retry_delay(attempt, failed.headers, self._config)
+                if failed.cut:  # the server may still work on it: let it notice first
+                    delay = max(delay, self._config.disconnect_grace_s)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                if self._closed:
+                    raise ModelFailure(
+                        "the model client was closed while waiting to retry"
+                    ) from None
+                raise
             attempt += 1
+
+    async def _attempt(
+        self, client: httpx.AsyncClient, request: ModelRequest, content: bytes
+    ) -> ModelAnswer:
+        cap = self._config.max_answer_bytes
+        try:
+            async with (
+                asyncio.timeout(self._config.timeout_s),
+                client.stream("POST", self._url, content=content) as response,
+            ):
+                body = await _read_capped(response, cap)
+        except TimeoutError as exc:
+            raise _Failed(self._timed_out(), retry=True, cut=True, error=exc) from None
+        except _TooLarge:
+            raise _Failed(answer_too_large(cap), retry=False, cut=True) from None
+        except httpx.HTTPError as exc:
+            cut = not isinstance(exc, httpx.ConnectError)
+            cause = self._transport_cause(exc)
+            raise _Failed(cause, retry=is_retryable(exc), cut=cut, error=exc) from None
+        status = response.status_code
+        if response.is_success:
+            return parse_answer(request.session, request.request_id, body)
+        excerpt = body.decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
+        cause = f"the model at {self._url} answered HTTP {status}: {excerpt}"
+        headers = response.headers if status in _RETRY_AFTER_STATUSES else None
+        raise _Failed(cause, retry=is_retryable(status), cut=False, headers=headers)
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._closed:
+                raise ModelFailure("the model client is closed")
+            client = self._clients.get(loop)
+            if client is None:
+                n = self._connections
+                client = httpx.AsyncClient(
+                    headers=self._headers,
+                    timeout=httpx.Timeout(self._config.timeout_s),
+                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                    transport=self._transport,
+                )
+                self._clients[loop] = client
+            return client
+
+    def _timed_out(self) -> str:
+        return f"the model at {self._url} did not answer within {self._config.timeout_s:g} s"
 
     def _transport_cause(self, exc: httpx.HTTPError) -> str:
         # A timeout first: a connect timeout is a timeout, not a refusal.
         if isinstance(exc, httpx.TimeoutException):
-            return f"the model at {self._url} did not answer within {self._config.timeout_s:g} s"
+            return self._timed_out()
         if isinstance(exc, httpx.ConnectError):
             return f"cannot reach the model at {self._url}: {exc}"
         return f"the request to the model at {self._url} failed: {exc}"
 
+    async def aclose(self) -> None:
+        """Close the connections of the running loop."""
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    # Sync.
+
+    def complete(self, request: ModelRequest) -> ModelAnswer:
+        """:meth:`acomplete` for a caller in a thread without a running loop (blocks).
+
+        :meth:`close` from another thread ends it at once with a :class:`ModelFailure`.
+        """
+        try:
+            return asyncio.run(self._complete_here(request))
+        except asyncio.CancelledError:
+            raise ModelFailure("the model client is closed") from None
+
+    async def _complete_here(self, request: ModelRequest) -> ModelAnswer:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        with self._lock:
+            if self._closed:
+                raise ModelFailure("the model client is closed")
+            self._calls.add((loop, task))
+        try:
+            return await self.acomplete(request)
+        finally:
+            with self._lock:
+                self._calls.discard((loop, task))
+            await self.aclose()
+
     def close(self) -> None:
-        """Stop any wait before a retry and close the connections; later calls fail."""
-        self._stop.set()
-        self._client.close()
+        """Stop every request of :meth:`complete` (and any wait before a retry); later calls
+        fail. Loops that still hold connections should :meth:`aclose` them first."""
+        with self._lock:
+            self._closed = True
+            calls, self._calls = set(self._calls), set()
+            clients, self._clients = dict(self._clients), {}
+        for loop, task in calls:
+            with contextlib.suppress(RuntimeError):  # that loop has just ended
+                loop.call_soon_threadsafe(task.cancel)
+        for loop, client in clients.items():
+            if not loop.is_closed() and loop.is_running():
+                with contextlib.suppress(RuntimeError):
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+
+
+def props_url(base_url: str) -> str:
+    """Where llama.cpp serves its ``/props``: at the server's root, beside ``/v1``."""
+    return str(httpx.URL(base_url).join("/props"))
+
+
+def read_total_slots(config: ModelConfig) -> int:
+    """The server's slot count, ``total_slots`` from ``GET /props`` (llama.cpp).
+
+    Raises :class:`ModelFailure` naming the URL and what was wrong.
+    """
+    url = props_url(config.base_url)
+    headers = {}
+    api_key = config.api_key()
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        response = httpx.get(url, headers=headers, timeout=min(config.timeout_s, 30.0))
+    except httpx.HTTPError as exc:
+        raise ModelFailure(f"cannot read the server's slot count from {url}: {exc}") from exc
+    if not response.is_success:
+        raise ModelFailure(
+            f"cannot read the server's slot count from {url}: HTTP {response.status_code}"
+        )
+    try:
+        total = msgspec.json.decode(response.content).get("total_slots")
+    except (msgspec.DecodeError, AttributeError):
+        total = None
+    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+        raise ModelFailure(f"the server's {url} has no total_slots of at least 1")
+    return total

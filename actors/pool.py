@@ -1,31 +1,65 @@
-"""A pool of worker actors that run blocking jobs (model requests, port tools) in parallel.
+"""The port's pool of worker actors, which run blocking jobs (port tools) in parallel.
 
 The router hands each job to an idle worker, or queues it until one is free; a worker runs the
 job, tells the result to the job's ``reply_to`` address and reports itself idle. A job in flight
 never blocks a session: the session told the router and went on.
+
+Each job travels with a :class:`Ticket`: its cancel signal (set when the session stops waiting,
+when the job outlives the pool's time limit, or when the pool stops) and the rule that a job is
+answered once. A job past the time limit is answered by the router with ``on_timeout``'s reply;
+the worker's late reply is then dropped.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
 
 from actors.directory import Directory
+from messages import CancelPortCall
 
-__all__ = ["IdleQueue", "PoolRouter", "PoolWorker"]
+__all__ = ["IdleQueue", "PoolWorker", "PortRouter", "Ticket"]
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Any], Any]
+
+@dataclass
+class Ticket:
+    """One job on its way through the pool."""
+
+    job: Any
+    key: Hashable
+    deadline: float | None = None
+    """``time.monotonic()`` by which the job should be done, or None."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set when nobody waits for the job's result any more: the job should stop."""
+    _answered: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self) -> bool:
+        """True for the first caller only: that one answers the job."""
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+            return True
+
+
+Handler = Callable[[Any, Ticket], Any]
 """Runs one job and returns the reply (turning expected failures into reply messages)."""
 
 ErrorReply = Callable[[Any, Exception], Any]
 """The reply to a job whose handler raised anyway: every job is answered."""
+
+TimeoutReply = Callable[[Any, float], Any]
+"""The reply to a job that outlived the pool's time limit (given in seconds)."""
 
 
 class IdleQueue:
@@ -49,10 +83,29 @@ class IdleQueue:
         self.idle.append(worker)
         return None
 
+    def withdraw(self, match: Callable[[Any], bool]) -> Any | None:
+        """Take the first waiting job ``match`` accepts out of the queue; None if none."""
+        for job in self.waiting:
+            if match(job):
+                self.waiting.remove(job)
+                return job
+        return None
+
 
 @dataclass(frozen=True)
 class _WorkerIdle:
     worker: int
+    key: Hashable
+
+
+@dataclass(frozen=True)
+class _Run:
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class _TimedOut:
+    ticket: Ticket
 
 
 class PoolWorker(pykka.ThreadingActor):
@@ -77,28 +130,55 @@ class PoolWorker(pykka.ThreadingActor):
         self.directory = directory
 
     def on_receive(self, message: Any) -> None:
+        if not isinstance(message, _Run):
+            log.warning("pool worker: unexpected message %r", message)
+            return
+        ticket = message.ticket
+        job = ticket.job
         try:
-            reply = self.handler(message)
+            reply = self.handler(job, ticket)
         except Exception as exc:  # a handler bug must neither kill the worker nor lose a reply
-            log.exception("pool handler failed on %s", type(message).__name__)
-            reply = self.on_error(message, exc)
-        self.directory.tell(message.reply_to, reply)
-        self.router.tell(_WorkerIdle(self.index))
+            log.exception("pool handler failed on %s", type(job).__name__)
+            reply = self.on_error(job, exc)
+        if ticket.claim():  # not answered already (timed out)
+            self.directory.tell(job.reply_to, reply)
+        self.router.tell(_WorkerIdle(self.index, ticket.key))
 
 
-class PoolRouter(pykka.ThreadingActor):
-    """Owns ``size`` workers and spreads jobs over them (see :class:`IdleQueue`)."""
+def _port_key(job: Any) -> Hashable:
+    return (job.session, job.call_id)
+
+
+class PortRouter(pykka.ThreadingActor):
+    """Owns ``size`` workers and spreads port calls over them (see :class:`IdleQueue`).
+
+    :class:`~messages.CancelPortCall` drops a queued call, or sets the cancel signal of a
+    running one. With ``timeout_s``, a call still running after that long is answered with
+    ``on_timeout``'s reply and its cancel signal is set; its worker is busy until the tool
+    returns.
+    """
 
     def __init__(
-        self, size: int, handler: Handler, on_error: ErrorReply, directory: Directory
+        self,
+        size: int,
+        handler: Handler,
+        on_error: ErrorReply,
+        directory: Directory,
+        *,
+        timeout_s: float | None = None,
+        on_timeout: TimeoutReply | None = None,
     ) -> None:
         super().__init__()
         self.size = size
         self.handler = handler
         self.on_error = on_error
         self.directory = directory
+        self.timeout_s = timeout_s
+        self.on_timeout = on_timeout
         self.queue = IdleQueue(size)
         self.workers: list[pykka.ActorRef[Any]] = []
+        self.running: dict[Hashable, Ticket] = {}
+        self.timers: dict[Hashable, threading.Timer] = {}
 
     def on_start(self) -> None:
         self.workers = [
@@ -107,14 +187,57 @@ class PoolRouter(pykka.ThreadingActor):
         ]
 
     def on_stop(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        for ticket in self.running.values():
+            ticket.cancelled.set()  # a tool that listens stops now
         for worker in self.workers:
             worker.stop(block=False)
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, _WorkerIdle):
+            self._done(message.key)
             start = self.queue.free(message.worker)
+        elif isinstance(message, CancelPortCall):
+            self._cancel((message.session, message.call_id))
+            return
+        elif isinstance(message, _TimedOut):
+            self._timed_out(message.ticket)
+            return
         else:
             start = self.queue.submit(message)
         if start is not None:
-            worker, job = start
-            self.workers[worker].tell(job)
+            self._run(*start)
+
+    def _run(self, worker: int, job: Any) -> None:
+        key = _port_key(job)
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        ticket = Ticket(job, key, deadline)
+        self.running[key] = ticket
+        if self.timeout_s is not None:
+            timer = threading.Timer(self.timeout_s, self.actor_ref.tell, [_TimedOut(ticket)])
+            timer.daemon = True
+            self.timers[key] = timer
+            timer.start()
+        self.workers[worker].tell(_Run(ticket))
+
+    def _done(self, key: Hashable) -> None:
+        self.running.pop(key, None)
+        timer = self.timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _cancel(self, key: Hashable) -> None:
+        if self.queue.withdraw(lambda job: _port_key(job) == key) is not None:
+            return  # it never started; nobody waits for it
+        ticket = self.running.get(key)
+        if ticket is not None:
+            ticket.cancelled.set()
+
+    def _timed_out(self, ticket: Ticket) -> None:
+        if self.running.get(ticket.key) is not ticket or self.timeout_s is None:
+            return  # finished meanwhile
+        self.timers.pop(ticket.key, None)
+        ticket.cancelled.set()
+        if self.on_timeout is not None and ticket.claim():
+            self.directory.tell(ticket.job.reply_to, self.on_timeout(ticket.job, self.timeout_s))

@@ -2,17 +2,77 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import threading
+import time
+import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.dispatch import ArgumentError, parse_json_object
+from actors.pool import Ticket
 from messages import DataClass, DenyReason, PortCall, ToolDone, ToolResult, ToolSpec, denial_message
 
-__all__ = ["PortTool", "ToolOutput", "port_error", "port_handler", "port_tool"]
+__all__ = [
+    "PortTool",
+    "ToolContext",
+    "ToolOutput",
+    "port_error",
+    "port_handler",
+    "port_timeout",
+    "port_tool",
+]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the call it runs: a tool function gets it in a parameter
+    annotated ``ToolContext``::
+
+        @port_tool("fetch", "Fetch a page.")
+        def fetch(args: dict[str, Any], ctx: ToolContext) -> str:
+            while not ctx.cancelled.is_set(): ...
+
+    ``cancelled`` is set when nobody waits for the result any more: the turn was cancelled, the
+    call outlived ``port.timeout_s``, or the runtime is stopping. A tool that runs long should
+    check it (or ``wait`` on it) and return early; what it returns then is dropped.
+    """
+
+    session: str
+    """The session whose model made the call."""
+    call_id: int
+    """The call's id in that session."""
+    deadline: float | None = None
+    """``time.monotonic()`` by which the call must be done (``port.timeout_s``), or None."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set once the call's result is no longer wanted."""
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (never negative), or None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+@functools.cache
+def _context_parameter(fn: Callable[..., Any]) -> str | None:
+    """The name of ``fn``'s parameter annotated :class:`ToolContext`, if it has one."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: compare the text
+        hints = {}
+    for parameter in parameters:
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if annotation is ToolContext or annotation == "ToolContext":
+            return parameter.name
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,12 +89,13 @@ class PortTool:
     """A tool the model can call through the port.
 
     ``fn`` gets the call's arguments as a dict (a non-object is denied before it runs) and returns
-    text or a :class:`ToolOutput`. ``untrusted`` marks every result as untrusted data (web pages,
-    mail, anything a third party wrote): the calling session becomes untrusted.
+    text or a :class:`ToolOutput`; a parameter annotated :class:`ToolContext` gets the call's
+    context (its cancel signal, its deadline). ``untrusted`` marks every result as untrusted
+    data (web pages, mail, anything a third party wrote): the calling session becomes untrusted.
     """
 
     spec: ToolSpec
-    fn: Callable[[dict[str, Any]], str | ToolOutput]
+    fn: Callable[..., str | ToolOutput]
     data_class: DataClass = DataClass.PUBLIC
     untrusted: bool = False
 
@@ -43,7 +104,7 @@ class PortTool:
         """The tool's name."""
         return self.spec.name
 
-    def run(self, call_id: int, arguments: str) -> ToolResult:
+    def run(self, call_id: int, arguments: str, context: ToolContext | None = None) -> ToolResult:
         """Run the tool for call ``call_id``; every failure becomes the call's result text."""
         try:
             args = parse_json_object(arguments)
@@ -51,7 +112,11 @@ class PortTool:
             text = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
             return ToolResult(call_id, text, self.data_class, self.untrusted)
         try:
-            out = self.fn(args)
+            wants = _context_parameter(self.fn)
+            if wants is None:
+                out = self.fn(args)
+            else:
+                out = self.fn(args, **{wants: context or ToolContext("", call_id)})
             text = out.text if isinstance(out, ToolOutput) else out
             if not isinstance(text, str):
                 raise TypeError(f"it returned {type(text).__name__}, not text")
@@ -71,7 +136,7 @@ def port_tool(
     *,
     data_class: DataClass = DataClass.PUBLIC,
     untrusted: bool = False,
-) -> Callable[[Callable[[dict[str, Any]], str | ToolOutput]], PortTool]:
+) -> Callable[[Callable[..., str | ToolOutput]], PortTool]:
     """Decorate a function as a :class:`PortTool`::
 
     @port_tool("hostname", "This machine's host name.")
@@ -79,24 +144,34 @@ def port_tool(
     """
     schema = parameters or {"type": "object", "properties": {}}
 
-    def wrap(fn: Callable[[dict[str, Any]], str | ToolOutput]) -> PortTool:
+    def wrap(fn: Callable[..., str | ToolOutput]) -> PortTool:
         return PortTool(ToolSpec(name, description, schema), fn, data_class, untrusted)
 
     return wrap
 
 
-def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall], ToolDone]:
+def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall, Ticket], ToolDone]:
     """The port workers' job: run the named tool and wrap its result for the session."""
     by_name = {tool.name: tool for tool in tools}
 
-    def handle(call: PortCall) -> ToolDone:
+    def handle(call: PortCall, ticket: Ticket) -> ToolDone:
         tool = by_name.get(call.name)
         if tool is None:  # the registry only routes port names here; keep the answer anyway
             text = denial_message(DenyReason.UNKNOWN_TOOL, call.name)
             return ToolDone(call.session, ToolResult(call.call_id, text))
-        return ToolDone(call.session, tool.run(call.call_id, call.arguments))
+        context = ToolContext(call.session, call.call_id, ticket.deadline, ticket.cancelled)
+        return ToolDone(call.session, tool.run(call.call_id, call.arguments, context))
 
     return handle
+
+
+def port_timeout(call: PortCall, timeout_s: float) -> ToolDone:
+    """The port's answer to a call that outlived ``port.timeout_s``."""
+    text = (
+        f"Error: the tool {call.name} did not finish within port.timeout_s ({timeout_s:g} s); "
+        "it was told to stop"
+    )
+    return ToolDone(call.session, ToolResult(call.call_id, text))
 
 
 def port_error(call: PortCall, exc: Exception) -> ToolDone:

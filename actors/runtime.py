@@ -6,7 +6,6 @@ import functools
 import itertools
 import logging
 import threading
-import traceback
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -14,16 +13,17 @@ from typing import Any
 
 import pykka
 
-from actors.config import Config, check_wait
+from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
 from actors.events import EventBus, Subscribers
 from actors.lock import HomeLock
 from actors.memory import MemorySource, default_memory
-from actors.model import ChatModel, HttpChatModel, ModelFailure
-from actors.pool import PoolRouter
-from actors.port import PortTool, port_error, port_handler
+from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure, read_total_slots
+from actors.model_service import ModelService
+from actors.pool import PortRouter
+from actors.port import PortTool, port_error, port_handler, port_timeout
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore, StoreActor
@@ -31,16 +31,13 @@ from actors.text import RedactFilter, redact
 from actors.turn import Limits
 from messages import (
     CancelTurn,
-    ModelError,
-    ModelReply,
-    ModelRequest,
     StartTurn,
     TurnEvent,
     TurnOutcome,
     check_session_id,
 )
 
-__all__ = ["Runtime", "model_error", "model_handler"]
+__all__ = ["Runtime", "resolve_config"]
 
 log = logging.getLogger(__name__)
 
@@ -52,39 +49,22 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _unchanged(text: str) -> str:
-    return text
+def resolve_config(config: Config) -> Config:
+    """``config`` with what is only known at start filled in: explicit slot pools (with
+    ``slots.total = "auto"``, the server's ``total_slots`` read from ``GET /props``).
 
-
-def model_error(
-    request: ModelRequest, exc: Exception, scrub: Callable[[str], str] = _unchanged
-) -> ModelError:
-    """The model pool's answer to a request whose handling failed anyway; ``scrub`` (a
-    :func:`~actors.text.redact` bound to the secrets) cleans the text."""
-    detail = scrub(f"the model client failed: {type(exc).__name__}: {exc}")
-    return ModelError(request.session, request.request_id, detail)
-
-
-def model_handler(
-    model: ChatModel, scrub: Callable[[str], str] = _unchanged
-) -> Callable[[ModelRequest], ModelReply]:
-    """The model workers' job: one request in, one answer or error out, never an exception.
-
-    Every error text (the ``ModelError`` detail, which becomes the ``TurnFailed`` detail and the
-    events' text, and the log line) goes through ``scrub`` first, so an API key or URL
-    credentials echoed by a server or an HTTP library never leave loopd.
+    Raises ``ConfigError`` if the slot count cannot be read or a pool names a slot the server
+    does not have.
     """
-
-    def handle(request: ModelRequest) -> ModelReply:
+    slots = config.slots
+    total = None
+    if slots.total == "auto":
         try:
-            return model.complete(request)
+            total = read_total_slots(config.model)
         except ModelFailure as exc:
-            return ModelError(request.session, request.request_id, scrub(str(exc)))
-        except Exception as exc:
-            log.error("model client failed: %s", scrub(traceback.format_exc()))
-            return model_error(request, exc, scrub)
-
-    return handle
+            scrubbed = redact(str(exc), secrets=config.model.secrets())
+            raise ConfigError(f'slots.total = "auto": {scrubbed}') from None
+    return config.replace(slots=slots.resolved(total))
 
 
 class _Waiter:
@@ -106,7 +86,7 @@ class _Waiter:
 
 
 class Runtime:
-    """A started loopd: the Context, the store, the model and port pools, and the event bus.
+    """A started loopd: the Context, the store, the model service, the port and the event bus.
 
     Start it with :meth:`start` (or as a context manager), drive it with :meth:`run_turn` or by
     telling messages to :attr:`context`, watch it with :meth:`subscribe`, end it with
@@ -119,13 +99,15 @@ class Runtime:
         directory: Directory,
         subscribers: Subscribers,
         refs: dict[str, pykka.ActorRef[Any]],
-        model: ChatModel,
+        model: ChatModel | AsyncChatModel,
         registry: Registry,
+        model_service: ModelService,
     ) -> None:
         self.config = config
         self.directory = directory
         self.registry = registry
         self.model = model
+        self.model_service = model_service
         self._subscribers = subscribers
         self._refs = refs
         self._stopped = False
@@ -138,7 +120,7 @@ class Runtime:
         cls,
         config: Config,
         *,
-        model: ChatModel | None = None,
+        model: ChatModel | AsyncChatModel | None = None,
         tools: Iterable[PortTool] | None = None,
         memory: MemorySource | None = None,
         clock: Callable[[], datetime] = _utc_now,
@@ -147,10 +129,12 @@ class Runtime:
 
         ``model`` replaces the HTTP client (for example with the test kit's ``ScriptedModel``),
         ``tools`` are the port's tools, ``memory`` replaces the ``home/MEMORY.md`` source, and
-        ``clock`` the wall clock (for tests that pin the time).
+        ``clock`` the wall clock (for tests that pin the time). ``slots.total = "auto"`` reads
+        the server's slot count here (see :func:`resolve_config`); ``rt.config`` has the result.
 
         Raises :class:`~actors.lock.HomeInUse` if another runtime holds ``config.home``.
         """
+        config = resolve_config(config)
         tools = list(tools or ())
         registry = Registry(tool.spec for tool in tools)
         config.home_path.mkdir(parents=True, exist_ok=True)
@@ -169,14 +153,18 @@ class Runtime:
         cls,
         config: Config,
         registry: Registry,
-        model: ChatModel | None,
+        model: ChatModel | AsyncChatModel | None,
         tools: list[PortTool],
         memory: MemorySource | None,
         clock: Callable[[], datetime],
     ) -> Runtime:
         # Open the store once here so a bad file fails the start, not every later turn.
         SessionStore(config.home_path / DB_NAME).close()
-        chat_model = model if model is not None else HttpChatModel(config.model)
+        # Every child of one answer must be able to wait for the model at once.
+        concurrency = max(config.model.concurrency, config.loop.max_children)
+        chat_model: ChatModel | AsyncChatModel = (
+            model if model is not None else HttpChatModel(config.model, connections=concurrency)
+        )
         if memory is None:
             memory = default_memory(
                 config.home,
@@ -197,21 +185,29 @@ class Runtime:
         )
         env = SessionEnv(directory, registry, limits, clock, itertools.count(1))
         refs: dict[str, pykka.ActorRef[Any]] = {}
+        secrets = config.model.secrets()
+        service = ModelService(
+            chat_model,
+            directory,
+            concurrency=concurrency,
+            pools={name: config.slots.pool(name) for name in ("main", "background")},
+            grace_s=config.model.disconnect_grace_s,
+            scrub=functools.partial(redact, secrets=secrets),
+        )
         try:
             refs[EVENTS] = EventBus.start(subscribers)
             refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
-            secrets = config.model.secrets()
-            scrub = functools.partial(redact, secrets=secrets)
-            refs[MODEL] = PoolRouter.start(
-                config.model.concurrency,
-                model_handler(chat_model, scrub),
-                functools.partial(model_error, scrub=scrub),
+            service.start()
+            directory.register(MODEL, service)
+            refs[PORT] = PortRouter.start(
+                config.port.concurrency,
+                port_handler(tools),
+                port_error,
                 directory,
+                timeout_s=config.port.timeout_s,
+                on_timeout=port_timeout,
             )
-            refs[PORT] = PoolRouter.start(
-                config.port.concurrency, port_handler(tools), port_error, directory
-            )
-            for address in (EVENTS, STORE, MODEL, PORT):
+            for address in (EVENTS, STORE, PORT):
                 directory.register(address, refs[address])
             refs[CONTEXT] = ContextActor.start(config, directory, registry, memory, env, clock)
             if config.cron or config.heartbeat:
@@ -219,12 +215,13 @@ class Runtime:
                     config, directory, clock, state_path=config.home_path / STATE_NAME
                 )
         except BaseException:
+            service.stop()
             for ref in reversed(refs.values()):
                 ref.stop()
             if model is None:
                 chat_model.close()
             raise
-        runtime = cls(config, directory, subscribers, refs, chat_model, registry)
+        runtime = cls(config, directory, subscribers, refs, chat_model, registry, service)
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
         for name in _LIBRARY_LOGGERS:
@@ -303,7 +300,8 @@ class Runtime:
         """Stop every actor; every waiting caller is answered, and the store is left consistent.
 
         Order matters: the scheduler first (no new turns), the Context next (it answers every
-        held turn ``CANCELLED``), then the sessions, then the pools, and the store last, after it
+        held turn ``CANCELLED``), then the sessions, then the model service (every request in
+        flight is cancelled and its connection closed), the port, and the store last, after it
         has written what it was sent.
         """
         if self._stopped:
@@ -317,11 +315,11 @@ class Runtime:
                 ref = self.directory.get(address)
                 if isinstance(ref, pykka.ActorRef):
                     ref.stop(timeout=timeout)
-        # Close our model first: a worker waiting to retry gives up at once instead of holding
-        # up the pool's stop.
+        self.directory.unregister(MODEL, self.model_service)
+        self.model_service.stop(timeout=timeout)
         if self._owns_model:
             self.model.close()
-        for address in (MODEL, PORT, STORE, EVENTS):
+        for address in (PORT, STORE, EVENTS):
             self._refs[address].stop(timeout=timeout)
         if self._log_filter is not None:
             for name in _LIBRARY_LOGGERS:

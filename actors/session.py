@@ -15,6 +15,8 @@ from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory, ses
 from actors.dispatch import Registry
 from actors.turn import (
     CallPort,
+    CancelModel,
+    CancelPort,
     Compact,
     Effect,
     Emit,
@@ -31,6 +33,8 @@ from messages import (
     Appended,
     AppendMessages,
     Cancel,
+    CancelModelRequest,
+    CancelPortCall,
     CompactHistory,
     FailReason,
     Inspect,
@@ -44,6 +48,7 @@ from messages import (
     SessionRecord,
     SessionStopped,
     SessionTurnEnded,
+    SlotPool,
     StoreFailed,
     SubagentCompleted,
     SubagentFailed,
@@ -79,6 +84,7 @@ class SessionActor(pykka.ThreadingActor):
         self.incarnation = incarnation  # tells the Context which actor of this id speaks
         self.address = session_address(record.id)
         self.turn: Turn | None = None
+        self.pool: SlotPool = "main"  # set by each RunTurn: a child's requests use background
 
     # Life cycle.
 
@@ -111,8 +117,10 @@ class SessionActor(pykka.ThreadingActor):
         self.env.directory.tell(CONTEXT, SessionCrashed(self.state.id, detail, self.incarnation))
         try:
             effects = turn.cancel(FailReason.CRASHED, detail)
-            # Store the results that keep the transcript valid; nothing else of the turn.
-            self._carry_out([e for e in effects if isinstance(e, Persist)])
+            # Store the results that keep the transcript valid and stop the work in flight;
+            # nothing else of the turn.
+            kept = (Persist, CancelModel, CancelPort)
+            self._carry_out([e for e in effects if isinstance(e, kept)])
         except Exception:
             log.exception("%s: could not store the repair of its cut-off turn", self.state.id)
 
@@ -152,6 +160,7 @@ class SessionActor(pykka.ThreadingActor):
             # The Context's hold makes this impossible; refuse loudly rather than mix two turns.
             log.error("%s: a turn is already running; RunTurn ignored", self.state.id)
             return
+        self.pool = message.pool
         self.turn = Turn(
             self.state, self.env.registry, self.env.limits, self.env.request_ids, self.env.clock
         )
@@ -190,8 +199,13 @@ class SessionActor(pykka.ThreadingActor):
                         effect.messages,
                         s.baseline.tools,
                         self.address,
+                        self.pool,
                     ),
                 )
+            elif isinstance(effect, CancelModel):
+                tell(MODEL, CancelModelRequest(s.id, effect.request_id))
+            elif isinstance(effect, CancelPort):
+                tell(PORT, CancelPortCall(s.id, effect.call_id))
             elif isinstance(effect, CallPort):
                 tell(
                     PORT,

@@ -67,6 +67,8 @@ __all__ = [
     "COMPACT_INSTRUCTION",
     "SUMMARY_PREFIX",
     "CallPort",
+    "CancelModel",
+    "CancelPort",
     "Compact",
     "Effect",
     "Emit",
@@ -255,6 +257,21 @@ class CallPort:
 
 
 @dataclass(frozen=True)
+class CancelModel:
+    """The turn no longer waits for model request ``request_id``: stop it (close its
+    connection, so the server stops generating)."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
+class CancelPort:
+    """The turn no longer waits for port call ``call_id``: tell the tool."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
 class Spawn:
     """Ask the Context to run ``task`` in ``child``; answer ``subagent_result``."""
 
@@ -285,7 +302,18 @@ class Finish:
     outcome: TurnOutcome
 
 
-Effect = Persist | Compact | RequestModel | CallPort | Spawn | WriteMemory | Emit | Finish
+Effect = (
+    Persist
+    | Compact
+    | RequestModel
+    | CallPort
+    | CancelModel
+    | CancelPort
+    | Spawn
+    | WriteMemory
+    | Emit
+    | Finish
+)
 """Anything a :class:`Turn` asks its actor to do."""
 
 
@@ -370,6 +398,8 @@ class Turn:
         if answer.request_id != self._waiting_for:
             return []
         self._waiting_for = None
+        if answer.slot is not None:  # its prompt is cached there now: ask for it next time
+            self.state.slot = answer.slot
         if self.phase is _Phase.SUMMARISING:
             if answer.tool_calls or not (answer.content or "").strip():
                 got = "tool calls" if answer.tool_calls else "no text"
@@ -381,7 +411,12 @@ class Turn:
         effects: list[Effect] = [
             Emit(
                 ModelAnswered(
-                    session=self.state.id, step=self.step, content=answer.content, tools=names
+                    session=self.state.id,
+                    step=self.step,
+                    content=answer.content,
+                    tools=names,
+                    slot=answer.slot,
+                    slot_wait_s=answer.slot_wait_s,
                 )
             )
         ]
@@ -438,10 +473,10 @@ class Turn:
         """
         if self.done:
             return []
+        effects: list[Effect] = self._stop_work()
         self._waiting_for = None
         if self.outcome is not None:
-            return self._finish()
-        effects: list[Effect] = []
+            return [*effects, *self._finish()]
         now = self.clock()
         if self.phase is _Phase.CALLING:
             # Results that arrived are kept; only the missing ones are made up.
@@ -462,6 +497,20 @@ class Turn:
             effects.append(Persist(next(self.ids), repairs))
         outcome = TurnFailed(self.state.id, reason, detail)
         return [*effects, *self._turn_ended(outcome), *self._finish()]
+
+    def _stop_work(self) -> list[Effect]:
+        """What stops the work in flight: the model request, the port calls without a result."""
+        if self.phase in (_Phase.ASKING, _Phase.SUMMARISING) and self._waiting_for is not None:
+            return [CancelModel(self._waiting_for)]
+        if self.phase is not _Phase.CALLING:
+            return []
+        now = self.clock()
+        return [
+            CancelPort(c.id)
+            for c in self._calls
+            if c.id not in self._results
+            and isinstance(route_call(self.registry, c.name, c.arguments, now), ToPort)
+        ]
 
     @property
     def done(self) -> bool:

@@ -13,6 +13,7 @@ from messages.chat import (
     ModelReply,
     ModelRequest,
     ProposedCall,
+    SlotPool,
 )
 from messages.events import (
     Compacted,
@@ -41,6 +42,8 @@ from messages.runtime import (
     Appended,
     AppendMessages,
     Cancel,
+    CancelModelRequest,
+    CancelPortCall,
     CancelTurn,
     ChildTimedOut,
     CompactHistory,
@@ -88,6 +91,8 @@ __all__ = [
     "Baseline",
     "CallId",
     "Cancel",
+    "CancelModelRequest",
+    "CancelPortCall",
     "CancelTurn",
     "ChatMessage",
     "ChildTimedOut",
@@ -121,6 +126,7 @@ __all__ = [
     "SessionRecord",
     "SessionStopped",
     "SessionTurnEnded",
+    "SlotPool",
     "StartTurn",
     "StoreFailed",
     "SubagentCompleted",

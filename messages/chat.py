@@ -16,9 +16,13 @@ __all__ = [
     "ModelReply",
     "ModelRequest",
     "ProposedCall",
+    "SlotPool",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+SlotPool = Literal["main", "background"]
+"""The two slot pools: top-level sessions use ``main``, children ``background``."""
 
 
 class ChatMessage(Message, frozen=True):
@@ -47,7 +51,11 @@ class Baseline(Message, frozen=True):
 
 
 class ModelRequest(Message, frozen=True):
-    """One chat-completions request of ``session``, to be answered at ``reply_to``."""
+    """One chat-completions request of ``session``, to be answered at ``reply_to``.
+
+    ``slot`` is the slot the session would like (where its prompt is cached); the model
+    service sends the request on a free slot of ``pool``, that one if it can.
+    """
 
     session: SessionId
     request_id: int
@@ -55,6 +63,7 @@ class ModelRequest(Message, frozen=True):
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...]
     reply_to: str
+    pool: SlotPool = "main"
 
 
 class ProposedCall(Message, frozen=True):
@@ -65,12 +74,18 @@ class ProposedCall(Message, frozen=True):
 
 
 class ModelAnswer(Message, frozen=True):
-    """The model's answer to request ``request_id``."""
+    """The model's answer to request ``request_id``.
+
+    ``slot`` is the slot it ran on and ``slot_wait_s`` how long it waited for that slot to be
+    free (None and 0 where the model has no slots).
+    """
 
     session: SessionId
     request_id: int
     content: str | None
     tool_calls: tuple[ProposedCall, ...] = ()
+    slot: int | None = None
+    slot_wait_s: float = 0.0
 
 
 class ModelError(Message, frozen=True):

@@ -51,12 +51,17 @@ class ModelRequestSent(_Event, frozen=True):
 
 
 class ModelAnswered(_Event, frozen=True):
-    """The model answered ``session``'s request ``step``; ``tools`` names the calls it made."""
+    """The model answered ``session``'s request ``step``; ``tools`` names the calls it made.
+
+    ``slot`` is the slot the request ran on; ``slot_wait_s`` the seconds it waited for it.
+    """
 
     session: SessionId
     step: int
     content: str | None
     tools: tuple[str, ...] = ()
+    slot: int | None = None
+    slot_wait_s: float = 0.0
 
 
 class ToolCallStarted(_Event, frozen=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from messages.base import Message
-from messages.chat import Baseline, ChatMessage
+from messages.chat import Baseline, ChatMessage, SlotPool
 from messages.ids import CallId, SessionId, check_text, check_top_level_session
 from messages.tools import ToolResult
 from messages.turns import FailReason, TurnOutcome
@@ -14,6 +14,8 @@ __all__ = [
     "AppendMessages",
     "Appended",
     "Cancel",
+    "CancelModelRequest",
+    "CancelPortCall",
     "CancelTurn",
     "ChildTimedOut",
     "CompactHistory",
@@ -141,7 +143,8 @@ class Appended(Message, frozen=True):
 
 
 class RunTurn(Message, frozen=True):
-    """The Context tells a session actor to run one turn on ``text``.
+    """The Context tells a session actor to run one turn on ``text``, its model requests on
+    the slots of ``pool``.
 
     ``stored``: the store holds ``text`` as the turn's user message already, and has counted
     the turn (a new child's record is created with it), so the turn asks the model at once.
@@ -152,6 +155,7 @@ class RunTurn(Message, frozen=True):
     text: str
     speaker: str | None = None
     stored: bool = False
+    pool: SlotPool = "main"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -242,6 +246,21 @@ class Cancel(Message, frozen=True):
 
     reason: FailReason
     detail: str
+
+
+class CancelModelRequest(Message, frozen=True):
+    """``session`` no longer waits for its model request ``request_id``: the model service
+    drops it, or closes its connection so the server stops generating."""
+
+    session: SessionId
+    request_id: int
+
+
+class CancelPortCall(Message, frozen=True):
+    """``session`` no longer waits for its tool call ``call_id``: the port tells the tool."""
+
+    session: SessionId
+    call_id: CallId
 
 
 class ChildTimedOut(Message, frozen=True):

@@ -8,7 +8,7 @@ import tomllib
 import types
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import msgspec
 import pytest
@@ -24,7 +24,7 @@ RUNBOOK = DOCS / "runbook.md"
 TOP = "Top level"
 """The heading of the top-level keys (``home``) in docs/configuration.md."""
 
-_TYPE_WORDS = re.compile(r"\b(int|float|str|bool|none)\b")
+_TYPE_WORDS = re.compile(r"\b(int|float|str|bool|none|list)\b")
 
 
 # --- reading the docs -------------------------------------------------------------------------
@@ -144,7 +144,12 @@ def type_words(annotation: Any) -> tuple[set[str], list[str]]:
                     value = getattr(meta, name, None)
                     if value is not None:
                         limits.append(f"{op} {value}")
-        names.add("none" if member is type(None) else member.__name__)
+        if get_origin(member) is tuple:
+            names.add("list")  # a TOML array
+        elif get_origin(member) is Literal:
+            names.add("str")  # one of the quoted words the cell names
+        else:
+            names.add("none" if member is type(None) else member.__name__)
     return names, limits
 
 

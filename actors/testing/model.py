@@ -20,10 +20,15 @@ class ScriptedModel:
     ``script`` is a list of answers given in order (running out is a model error), or a function
     of the request. A function runs outside the model's lock, so it may block to hold a request
     in flight. Raise ``ModelFailure`` from it to answer a model error.
+
+    An in-process model has no llama.cpp slots: its requests run as they come. With
+    ``uses_slots=True`` they take slots of the runtime's slot table, like the HTTP client's
+    (``request.slot`` is then the slot granted).
     """
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, *, uses_slots: bool = False) -> None:
         self._script = script
+        self.uses_slots = uses_slots
         self._next = 0
         self._cond = threading.Condition()
         self._requests: list[ModelRequest] = []

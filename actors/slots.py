@@ -1,0 +1,156 @@
+"""Who may use which llama.cpp slot: the model service's slot table, as a pure state class.
+
+Two requests in flight on one llama.cpp slot mix their prompts (one session's text shows up in
+another's answer), so a slot serves one request at a time. A request names its pool (``main``
+or ``background``, each a list of slot ids; pools may overlap) and the slot it would like (the
+one its session used last, where the server caches its prompt). :meth:`SlotTable.request`
+grants a free slot of the pool at once, or queues the request; :meth:`SlotTable.release` frees
+a slot and says whom it goes to next. A slot whose request was cut off (cancelled, timed out)
+may still be generating on the server for a moment: it is released with a ``free_at`` time and
+stays out of use until :meth:`SlotTable.wake` is called at or after it.
+
+No threads and no clock inside: the caller passes ``now`` and runs the grants it gets back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["Grant", "SlotTable"]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Request ``ticket`` may now use ``slot``."""
+
+    ticket: Hashable
+    slot: int
+
+
+@dataclass
+class _Waiter:
+    ticket: Hashable
+    pool: str
+    preferred: int | None
+
+
+class SlotTable:
+    """The slots of a server: which are busy (and for whom), which cool down, who waits.
+
+    Rules: a request gets its preferred slot if that slot is free; otherwise the free slot of
+    its pool that was used least recently (so the caches of recently active sessions survive
+    longest); otherwise it waits. Waiters are served first come, first served: a freed slot goes
+    to the earliest waiter whose pool has it.
+    """
+
+    def __init__(self, pools: Mapping[str, Iterable[int]]) -> None:
+        """``pools`` maps each pool name to its slot ids (a slot may be in several pools)."""
+        self._pools = {name: tuple(ids) for name, ids in pools.items()}
+        for name, ids in self._pools.items():
+            if not ids:
+                raise ValueError(f"slot pool {name!r} has no slots")
+        self._busy: dict[int, Hashable] = {}
+        self._cooling: dict[int, float] = {}
+        self._waiting: list[_Waiter] = []
+        self._uses = itertools.count(1)
+        self._last_use: dict[int, int] = {}
+
+    # Queries.
+
+    def pools(self) -> dict[str, tuple[int, ...]]:
+        """The pools, as given."""
+        return dict(self._pools)
+
+    def busy(self) -> dict[int, Hashable]:
+        """Slot -> the ticket that holds it."""
+        return dict(self._busy)
+
+    def waiting(self) -> list[Hashable]:
+        """Tickets waiting for a slot, in arrival order."""
+        return [w.ticket for w in self._waiting]
+
+    def next_wake(self) -> float | None:
+        """When the earliest cooling slot becomes free (call :meth:`wake` then), or None."""
+        return min(self._cooling.values(), default=None)
+
+    # Changes.
+
+    def request(self, ticket: Hashable, pool: str, preferred: int | None = None) -> int | None:
+        """``ticket`` wants a slot of ``pool``: the slot it gets now, or None (it waits).
+
+        Raises ``KeyError`` for an unknown pool.
+        """
+        if pool not in self._pools:
+            raise KeyError(f"no slot pool {pool!r}")
+        waiter = _Waiter(ticket, pool, preferred)
+        # Every free slot is one no earlier waiter can use (they would hold it already), so
+        # taking it jumps nobody's place in the queue.
+        slot = self._pick(waiter)
+        if slot is not None:
+            self._take(slot, ticket)
+            return slot
+        self._waiting.append(waiter)
+        return None
+
+    def withdraw(self, ticket: Hashable) -> bool:
+        """``ticket`` no longer waits (its request was cancelled); False if it did not wait."""
+        for i, waiter in enumerate(self._waiting):
+            if waiter.ticket == ticket:
+                del self._waiting[i]
+                return True
+        return False
+
+    def release(self, slot: int, ticket: Hashable, free_at: float | None = None) -> list[Grant]:
+        """``ticket`` is done with ``slot``; returns who gets slots now.
+
+        With ``free_at`` (the caller's clock) the slot stays unusable until :meth:`wake` is
+        called at or after that time. A release by a ticket that does not hold the slot is
+        ignored.
+        """
+        if self._busy.get(slot) != ticket:
+            return []
+        del self._busy[slot]
+        if free_at is not None:
+            self._cooling[slot] = free_at
+            return []
+        return self._serve()
+
+    def wake(self, now: float) -> list[Grant]:
+        """Free the cooling slots whose time has come; returns who gets slots now."""
+        ready = [slot for slot, at in self._cooling.items() if at <= now]
+        for slot in ready:
+            del self._cooling[slot]
+        return self._serve() if ready else []
+
+    # Inside.
+
+    def _free(self, slot: int) -> bool:
+        return slot not in self._busy and slot not in self._cooling
+
+    def _pick(self, waiter: _Waiter) -> int | None:
+        ids = self._pools[waiter.pool]
+        if waiter.preferred in ids and self._free(waiter.preferred):
+            return waiter.preferred
+        free = [slot for slot in ids if self._free(slot)]
+        if not free:
+            return None
+        return min(free, key=lambda slot: self._last_use.get(slot, 0))
+
+    def _take(self, slot: int, ticket: Hashable) -> None:
+        self._busy[slot] = ticket
+        self._last_use[slot] = next(self._uses)
+
+    def _serve(self) -> list[Grant]:
+        grants: list[Grant] = []
+        still: list[_Waiter] = []
+        for waiter in self._waiting:  # first come, first served
+            slot = self._pick(waiter)
+            if slot is None:
+                still.append(waiter)
+                continue
+            self._take(slot, waiter.ticket)
+            grants.append(Grant(waiter.ticket, slot))
+        self._waiting = still
+        return grants
