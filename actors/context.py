@@ -40,6 +40,7 @@ from messages import (
     SessionLoaded,
     SessionStopped,
     SessionTurnEnded,
+    SlotPool,
     StartTurn,
     StoreFailed,
     SubagentCompleted,
@@ -345,7 +346,7 @@ class ContextActor(pykka.ThreadingActor):
 
     @staticmethod
     def _run_turn(hold: Hold, *, stored: bool = False) -> RunTurn:
-        pool = "background" if hold.is_child else "main"
+        pool: SlotPool = "background" if hold.is_child else "main"
         return RunTurn(hold.text, hold.speaker, stored=stored, pool=pool)
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> None:

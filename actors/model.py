@@ -403,6 +403,10 @@ class HttpChatModel:
             client = self._client()
             try:
                 return await self._attempt(client, request, content)
+            except asyncio.CancelledError:
+                if self._closed:
+                    raise ModelFailure("the model client was closed during the request") from None
+                raise
             except _Failed as failed:
                 if not failed.retry or attempt == self._config.retries:
                     cause = failed.cause

@@ -300,7 +300,8 @@ class ModelService:
     async def _take_slot(self, key: _Key, request: ModelRequest) -> int | None:
         if self.slots is None:
             return None
-        slot = self.slots.request(key, request.pool, request.slot)
+        preferred = request.slot if request.prefer_slot else None
+        slot = self.slots.request(key, request.pool, preferred)
         if slot is not None:
             return slot
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -200,6 +200,7 @@ class SessionActor(pykka.ThreadingActor):
                         s.baseline.tools,
                         self.address,
                         self.pool,
+                        effect.prefer_slot,
                     ),
                 )
             elif isinstance(effect, CancelModel):

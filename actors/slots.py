@@ -67,6 +67,11 @@ class SlotTable:
         """Slot -> the ticket that holds it."""
         return dict(self._busy)
 
+    def free(self) -> set[int]:
+        """Slots of any pool that a request could get now (neither busy nor cooling)."""
+        every = {slot for ids in self._pools.values() for slot in ids}
+        return {slot for slot in every if self._free(slot)}
+
     def waiting(self) -> list[Hashable]:
         """Tickets waiting for a slot, in arrival order."""
         return [w.ticket for w in self._waiting]

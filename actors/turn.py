@@ -118,6 +118,10 @@ class SessionState:
     next_call_id: int = 1
     untrusted: bool = False
     parent: str | None = None
+    slot_cached: bool = False
+    """Whether ``slot`` holds this session's prompt: a model answer came from it in this
+    actor's life. Only then do requests ask for that slot (otherwise every new session would
+    ask for its pool's first slot, and evict the last one's cache)."""
     _chars: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -245,6 +249,8 @@ class RequestModel:
     request_id: int
     slot: int
     messages: tuple[ChatMessage, ...]
+    prefer_slot: bool = False
+    """Whether ``slot`` caches the session's prompt, so the request should go there if free."""
 
 
 @dataclass(frozen=True)
@@ -400,6 +406,7 @@ class Turn:
         self._waiting_for = None
         if answer.slot is not None:  # its prompt is cached there now: ask for it next time
             self.state.slot = answer.slot
+            self.state.slot_cached = True
         if self.phase is _Phase.SUMMARISING:
             if answer.tool_calls or not (answer.content or "").strip():
                 got = "tool calls" if answer.tool_calls else "no text"
@@ -536,8 +543,12 @@ class Turn:
         self.step += 1
         self.phase = _Phase.ASKING
         sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
-        request = RequestModel(self._next_id(), self.state.slot, self.state.messages())
+        request = self._request(self.state.messages())
         return [Emit(sent), request]
+
+    def _request(self, messages: tuple[ChatMessage, ...]) -> RequestModel:
+        s = self.state
+        return RequestModel(self._next_id(), s.slot, messages, prefer_slot=s.slot_cached)
 
     def _dispatch(self) -> list[Effect]:
         self.phase = _Phase.CALLING
@@ -622,7 +633,7 @@ class Turn:
             self.phase = _Phase.SUMMARISING
             instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
             messages = (*self.state.messages(), instruction)
-            return [*effects, RequestModel(self._next_id(), self.state.slot, messages)]
+            return [*effects, self._request(messages)]
         return [*effects, *self._finish()]
 
     def _finish(self) -> list[Effect]:

@@ -53,8 +53,8 @@ class Baseline(Message, frozen=True):
 class ModelRequest(Message, frozen=True):
     """One chat-completions request of ``session``, to be answered at ``reply_to``.
 
-    ``slot`` is the slot the session would like (where its prompt is cached); the model
-    service sends the request on a free slot of ``pool``, that one if it can.
+    The model service sends the request on a free slot of ``pool``: ``slot`` if
+    ``prefer_slot`` (the session's prompt is cached there) and it is free.
     """
 
     session: SessionId
@@ -64,6 +64,7 @@ class ModelRequest(Message, frozen=True):
     tools: tuple[ToolSpec, ...]
     reply_to: str
     pool: SlotPool = "main"
+    prefer_slot: bool = False
 
 
 class ProposedCall(Message, frozen=True):

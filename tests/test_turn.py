@@ -12,6 +12,8 @@ from actors.turn import (
     COMPACT_INSTRUCTION,
     SUMMARY_PREFIX,
     CallPort,
+    CancelModel,
+    CancelPort,
     Compact,
     Effect,
     Emit,
@@ -30,6 +32,7 @@ from messages import (
     CompactionFailed,
     FailReason,
     ModelAnswer,
+    ModelAnswered,
     ModelError,
     ProposedCall,
     SessionRecord,
@@ -350,3 +353,46 @@ def test_the_running_transcript_length_follows_every_change() -> None:
     summary = one(turn.model_answer(answer(summarise, "S" * 30)), Compact)
     turn.persisted(summary.request_id)
     assert state.transcript_chars() == len(SUMMARY_PREFIX) + 10
+
+
+def test_cancel_stops_the_model_request_in_flight() -> None:
+    turn = new_turn()
+    request = persist_and_ask(turn, turn.start("go"))
+    effects = turn.cancel(FailReason.CANCELLED, "by the user")
+    assert one(effects, CancelModel) == CancelModel(request.request_id)
+    # Stored first, then the model is stopped: the effects keep that order.
+    assert effects.index(one(effects, CancelModel)) < effects.index(one(effects, Finish))
+
+    compacting = new_turn(threshold=50)
+    summarise, _ = finish_with_compaction(compacting)
+    effects = compacting.cancel(FailReason.CANCELLED, "stopping")
+    assert one(effects, CancelModel) == CancelModel(summarise.request_id)
+
+
+def test_cancel_tells_the_port_of_each_port_call_without_a_result() -> None:
+    turn = new_turn()
+    request = persist_and_ask(turn, turn.start("go"))
+    calls = (("lookup", "{}"), ("lookup", "{}"), ("subagent", '{"task": "t"}'), ("lookup", "{}"))
+    saved = one(turn.model_answer(answer(request, None, *calls)), Persist)
+    turn.persisted(saved.request_id)
+    turn.tool_result(ToolResult(2, "second arrived"))
+    effects = turn.cancel(FailReason.CANCELLED, "by the user")
+    # Call 3 is a child (the Context cancels it), call 2 has its result.
+    assert only(effects, CancelPort) == [CancelPort(1), CancelPort(4)]
+    assert not only(effects, CancelModel)
+
+
+def test_a_request_asks_for_the_slot_of_the_last_answer() -> None:
+    state = new_state()
+    state.slot = 5
+    turn = new_turn(state)
+    first = persist_and_ask(turn, turn.start("go"))
+    assert (first.slot, first.prefer_slot) == (5, False)  # nothing cached there yet
+    got = ModelAnswer("mm-thread", first.request_id, None, (ProposedCall("lookup", "{}"),), 2, 0.5)
+    effects = turn.model_answer(got)
+    answered = [e.event for e in only(effects, Emit) if isinstance(e.event, ModelAnswered)]
+    assert [(a.slot, a.slot_wait_s) for a in answered] == [(2, 0.5)]
+    turn.persisted(one(effects, Persist).request_id)
+    second = persist_and_ask(turn, turn.tool_result(ToolResult(1, "x")))
+    assert (second.slot, second.prefer_slot) == (2, True)
+    assert state.to_record().slot == 2

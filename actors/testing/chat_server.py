@@ -9,28 +9,83 @@
 
 The server listens on ``127.0.0.1`` on a free port, records every request body, and answers from
 a script: a list of :class:`~actors.testing.script.Answer` / ``RawResponse`` consumed in order,
-or a callable that gets the request body and returns one.
+or a callable that gets the request body and returns one. A step may be wrapped to answer
+slowly: :class:`Delayed` (after a pause), :class:`Drip` (one byte at a time), :class:`Endless`
+(a body that never ends).
+
+The server also keeps what a test of the client's connection handling needs to see:
+:attr:`ChatServer.closed` (requests whose client closed the connection before the answer was
+sent), and :attr:`ChatServer.overlaps` (requests that arrived for an ``id_slot`` that already had
+one in flight: with llama.cpp that mixes two sessions' prompts). With ``total_slots`` it serves
+llama.cpp's ``GET /props``.
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
 from actors.testing.script import Answer, RawResponse
 
-__all__ = ["ChatServer", "ScriptFunction"]
+__all__ = ["ChatServer", "Closed", "Delayed", "Drip", "Endless", "ScriptFunction", "Step"]
 
-ScriptFunction = Callable[[dict[str, Any]], Answer | RawResponse]
+
+@dataclass(frozen=True)
+class Delayed:
+    """Send ``step`` after ``seconds``; a client that closes the connection meanwhile is seen
+    at once (recorded in :attr:`ChatServer.closed`) and gets nothing."""
+
+    step: Answer | RawResponse
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Drip:
+    """Send ``step``'s headers at once, then its body one byte every ``interval_s`` seconds."""
+
+    step: Answer | RawResponse
+    interval_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Endless:
+    """Status 200 and a body that never ends: ``chunk`` again and again until the client closes
+    the connection."""
+
+    chunk: bytes = b'{"choices": [' + b" " * 4090 + b"\n"
+
+
+@dataclass(frozen=True)
+class Closed:
+    """Request number ``number`` (from 1), on ``id_slot`` ``slot``, whose client closed the
+    connection before its answer was complete; ``at`` is ``time.monotonic()`` then."""
+
+    number: int
+    slot: int | None
+    at: float
+
+
+Step = Answer | RawResponse | Delayed | Drip | Endless
+"""What a script gives for one request."""
+
+ScriptFunction = Callable[[dict[str, Any]], Step]
 """A script as a function: it gets each decoded request body and returns the answer to send."""
 
 _PATH = "/v1/chat/completions"
 _POLL_S = 0.02
+
+
+class _ClientGone(Exception):
+    pass
 
 
 def _json_error(status: int, message: str) -> RawResponse:
@@ -57,6 +112,8 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    _number: int = 0
+    _slot: int | None = None
 
     def log_message(self, format: str, *args: Any) -> None:
         # Quiet: no line on stderr per request.
@@ -66,6 +123,18 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != _PATH:
             self._send(_json_error(404, f"no such path: {self.path}"))
             return
+        self._number, self._slot = 0, None
+        try:
+            self._post()
+        except (_ClientGone, ConnectionError):
+            self.close_connection = True
+            self.server.chat._record_closed(self._number, self._slot)
+        finally:
+            if self._number:
+                self.server.chat._request_over(self._slot)
+
+    def _post(self) -> None:
+        """Answer one chat request; ``_number`` and ``_slot`` say which, once it counts."""
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         try:
@@ -79,10 +148,77 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(_json_error(400, "the request body is not a JSON object"))
             return
         headers = {key.lower(): value for key, value in self.headers.items()}
-        self._send(self.server.chat._answer(body, headers))
+        slot = body.get("id_slot")
+        slot = slot if isinstance(slot, int) else None
+        chat = self.server.chat
+        number = self._number = chat._arrived(body, headers, slot)
+        self._slot = slot
+        step = chat._answer(body, number)
+        if isinstance(step, Delayed):
+            self._pause(step.seconds)
+            step = step.step
+        if isinstance(step, Drip):
+            self._drip(chat._response(step.step, body, number), step.interval_s)
+        elif isinstance(step, Endless):
+            self._endless(step.chunk)
+        else:
+            self._send(chat._response(step, body, number))
 
     def do_GET(self) -> None:
+        total = self.server.chat.total_slots
+        if self.path.rstrip("/") == "/props" and total is not None:
+            props = {"total_slots": total, "default_generation_settings": {"n_ctx": 4096 * total}}
+            body = json.dumps(props).encode()
+            self._send(RawResponse(body=body, headers={"Content-Type": "application/json"}))
+            return
         self._send(_json_error(404, f"no such path: {self.path}"))
+
+    # Slow answers that notice a client that went away.
+
+    def _client_gone(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for the client to close the connection; True if it did."""
+        sock = self.connection
+        readable, _, _ = select.select([sock], [], [], wait_s)
+        if not readable:
+            return False
+        try:
+            peeked: bytes = sock.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+        return peeked == b""
+
+    def _pause(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self._client_gone(min(left, _POLL_S)):
+                raise _ClientGone
+            if self.server.chat._stopping.is_set():
+                raise _ClientGone
+
+    def _drip(self, response: RawResponse, interval_s: float) -> None:
+        self._head(response, len(response.body))
+        for i in range(len(response.body)):
+            self.wfile.write(response.body[i : i + 1])
+            self.wfile.flush()
+            self._pause(interval_s)
+
+    def _endless(self, chunk: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()  # no length: the body ends when the connection does (HTTP/1.0)
+        while not self.server.chat._stopping.is_set():
+            self.wfile.write(chunk)
+            if self._client_gone(0):
+                raise _ClientGone
+
+    def _head(self, response: RawResponse, length: int) -> None:
+        self.send_response(response.status)
+        for key, value in response.headers.items():
+            self.send_header(key, value)
+        if not any(key.lower() == "content-length" for key in response.headers):
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+        self.wfile.flush()
 
     def _send(self, response: RawResponse) -> None:
         self.send_response(response.status)
@@ -103,15 +239,24 @@ class ChatServer:
     fact is recorded in :attr:`errors`. A callable script gets each request body.
     """
 
-    def __init__(self, script: Sequence[Answer | RawResponse] | ScriptFunction):
-        """Prepare a server answering from ``script``; nothing listens before :meth:`start`."""
+    def __init__(self, script: Sequence[Step] | ScriptFunction, *, total_slots: int | None = None):
+        """Prepare a server answering from ``script``; nothing listens before :meth:`start`.
+
+        ``total_slots`` makes it answer ``GET /props`` like llama-server with that many slots.
+        """
         self._function: ScriptFunction | None = script if callable(script) else None
-        self._script: list[Answer | RawResponse] = [] if callable(script) else list(script)
+        self._script: list[Step] = [] if callable(script) else list(script)
+        self.total_slots = total_slots
         self._next = 0
         self._call_number = 0
         self._requests: list[dict[str, Any]] = []
         self._headers: list[dict[str, str]] = []
         self._errors: list[str] = []
+        self._closed: list[Closed] = []
+        self._in_flight: dict[int | None, int] = {}
+        self._overlaps: list[tuple[int, int]] = []
+        self._most_in_flight = 0
+        self._stopping = threading.Event()
         self._changed = threading.Condition()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -124,6 +269,7 @@ class ChatServer:
             raise RuntimeError("the chat server is already started")
         server = _Server(("127.0.0.1", 0), _Handler)
         server.chat = self
+        self._stopping.clear()
         self._server = server
         # serve_forever only notices shutdown() between polls; a short poll keeps stop() fast.
         self._thread = threading.Thread(
@@ -140,6 +286,7 @@ class ChatServer:
         server, thread = self._server, self._thread
         if server is None:
             return
+        self._stopping.set()  # slow answers end now
         server.shutdown()
         server.server_close()
         if thread is not None:
@@ -192,6 +339,49 @@ class ChatServer:
         with self._changed:
             return list(self._errors)
 
+    @property
+    def closed(self) -> list[Closed]:
+        """Requests whose client closed the connection before the answer was complete."""
+        with self._changed:
+            return list(self._closed)
+
+    @property
+    def overlaps(self) -> list[tuple[int, int]]:
+        """``(request number, id_slot)`` of each request that arrived while another request on
+        the same ``id_slot`` was in flight (llama.cpp would mix their prompts)."""
+        with self._changed:
+            return list(self._overlaps)
+
+    @property
+    def most_in_flight(self) -> int:
+        """The most requests that were in flight at once."""
+        with self._changed:
+            return self._most_in_flight
+
+    def in_flight(self) -> dict[int | None, int]:
+        """``id_slot`` -> requests in flight on it now (None: requests without an id_slot)."""
+        with self._changed:
+            return {slot: n for slot, n in self._in_flight.items() if n}
+
+    def wait_for_closed(self, n: int, timeout: float = 5.0) -> list[Closed]:
+        """Block until the clients of ``n`` requests have closed their connections early.
+
+        Raises ``AssertionError`` saying how many did if ``timeout`` seconds pass first.
+        """
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self._closed) >= n, timeout):
+                raise AssertionError(
+                    f"expected {n} connection(s) closed by the client within {timeout:g} s, "
+                    f"but {len(self._closed)} were"
+                )
+            return list(self._closed)
+
+    def wait_for_idle(self, timeout: float = 5.0) -> None:
+        """Block until no request is in flight; ``AssertionError`` after ``timeout`` seconds."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: not any(self._in_flight.values()), timeout):
+                raise AssertionError(f"requests still in flight after {timeout:g} s")
+
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Block until at least ``n`` requests have arrived and return them all.
 
@@ -212,13 +402,31 @@ class ChatServer:
             self._errors.append(text)
             self._changed.notify_all()
 
-    def _answer(self, body: dict[str, Any], headers: dict[str, str]) -> RawResponse:
+    def _arrived(self, body: dict[str, Any], headers: dict[str, str], slot: int | None) -> int:
         with self._changed:
             self._requests.append(body)
             self._headers.append(headers)
             number = len(self._requests)
+            if slot is not None and self._in_flight.get(slot, 0):
+                self._overlaps.append((number, slot))
+            self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
+            self._most_in_flight = max(self._most_in_flight, sum(self._in_flight.values()))
             self._changed.notify_all()
-            step: Answer | RawResponse | None = None
+            return number
+
+    def _request_over(self, slot: int | None) -> None:
+        with self._changed:
+            self._in_flight[slot] -= 1
+            self._changed.notify_all()
+
+    def _record_closed(self, number: int, slot: int | None) -> None:
+        with self._changed:
+            self._closed.append(Closed(number, slot, time.monotonic()))
+            self._changed.notify_all()
+
+    def _answer(self, body: dict[str, Any], number: int) -> Step:
+        with self._changed:
+            step: Step | None = None
             if self._function is None:
                 if self._next < len(self._script):
                     step = self._script[self._next]
@@ -237,6 +445,11 @@ class ChatServer:
             except Exception as exc:
                 self._record_error(f"the script raised: {exc!r}")
                 return _json_error(500, f"the chat server's script raised: {exc!r}")
+        return step
+
+    def _response(
+        self, step: Answer | RawResponse, body: dict[str, Any], number: int
+    ) -> RawResponse:
         if isinstance(step, RawResponse):
             return step
         return self._completion(step, body, number)

@@ -1,0 +1,276 @@
+"""The model service over real HTTP: cancel, time limits and stop close the connection; the
+deadline and the answer cap hold whatever the server does; two requests never share a slot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import msgspec
+import pytest
+
+from actors.config import Config, ConfigError, ModelConfig
+from actors.model import HttpChatModel, ModelFailure, answer_too_large
+from actors.runtime import Runtime
+from actors.testing import ChatServer, Probe
+from actors.testing.chat_server import Delayed, Drip, Endless
+from actors.testing.script import RawResponse, call, calls, reply
+from messages import (
+    ChatMessage,
+    FailReason,
+    ModelAnswered,
+    ModelRequest,
+    TurnCompleted,
+    TurnEvent,
+    TurnFailed,
+)
+
+WAIT = 10.0
+LONG = 30.0
+"""A server pause no test waits out: a test that ends sooner proves the client hung up."""
+
+
+def on_http(config: Config, server: ChatServer, **model: Any) -> Config:
+    """``config`` against ``server``, no retries, a short grace after a cut-off request."""
+    values = {"base_url": server.base_url, "name": "m", "retries": 0, "disconnect_grace_s": 0.05}
+    values.update(model)
+    return config.replace(model=ModelConfig(**values))
+
+
+def with_section(config: Config, section: str, **values: Any) -> Config:
+    return config.replace(**{section: msgspec.structs.replace(getattr(config, section), **values)})
+
+
+def is_child(body: dict[str, Any]) -> bool:
+    first_user = next(m for m in body["messages"] if m["role"] == "user")
+    return str(first_user["content"]).startswith("It is ")
+
+
+def last(body: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = body["messages"][-1]
+    return message
+
+
+def events_of(rt: Runtime) -> list[TurnEvent]:
+    seen: list[TurnEvent] = []
+    rt.subscribe(seen.append)
+    return seen
+
+
+def model_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("loopd-model")]
+
+
+# --- the connection closes when nobody waits any more -----------------------------------------
+
+
+def test_cancelling_a_turn_closes_its_connection(loopd_runtime, loopd_config, chat_server):
+    answered = []
+
+    def script(body: dict[str, Any]) -> Any:
+        answered.append(body)
+        return Delayed(reply("too late"), LONG) if len(answered) == 1 else reply("again")
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=on_http(loopd_config, server))
+    probe = Probe.start(rt.directory)
+    rt.send_turn("s", "hi", reply_to=probe.address)
+    server.wait_for_requests(1)
+    cancelled_at = time.monotonic()
+    assert rt.cancel("s") == ("s",)
+    assert probe.expect(TurnFailed, timeout=WAIT).reason is FailReason.CANCELLED
+    (closed,) = server.wait_for_closed(1, timeout=WAIT)
+    assert (closed.number, closed.slot) == (1, 0)
+    assert closed.at - cancelled_at < LONG  # the client hung up; the server did not finish
+    # The session goes on, on the same slot, once the server has let go of it.
+    assert rt.run_turn("s", "again", timeout=WAIT) == TurnCompleted("s", "again")
+    assert server.overlaps == []
+    probe.stop()
+
+
+def test_a_child_past_its_time_limit_has_its_connection_closed(
+    loopd_runtime, loopd_config, chat_server
+):
+    def script(body: dict[str, Any]) -> Any:
+        if is_child(body):
+            return Delayed(reply("the child never gets here"), LONG)
+        if last(body)["role"] == "user":
+            return call("subagent", task="slow")
+        return reply(last(body)["content"])
+
+    server = chat_server(script)
+    config = with_section(on_http(loopd_config, server), "loop", child_timeout_s=0.3)
+    rt = loopd_runtime(config=config)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")
+    (closed,) = server.wait_for_closed(1, timeout=WAIT)
+    assert closed.slot == 1  # the child's request, on the background slot
+    assert server.requests[closed.number - 1]["id_slot"] == 1
+
+
+def test_stop_closes_the_connection_and_leaves_no_model_thread(loopd_config, chat_server):
+    server = chat_server(lambda body: Delayed(reply("never"), LONG))
+    rt = Runtime.start(on_http(loopd_config, server))
+    assert model_threads(), "the model service runs a thread of its own"
+    probe = Probe.start(rt.directory)
+    try:
+        rt.send_turn("s", "hi", reply_to=probe.address)
+        server.wait_for_requests(1)
+        rt.stop()
+        assert probe.expect(TurnFailed, timeout=WAIT).reason is FailReason.CANCELLED
+    finally:
+        rt.stop()
+        probe.stop()
+    server.wait_for_closed(1, timeout=WAIT)
+    assert model_threads() == []
+    assert rt.model_service.threads() == []
+
+
+# --- the deadline and the cap -----------------------------------------------------------------
+
+
+@pytest.fixture
+def http_model() -> Any:
+    made: list[HttpChatModel] = []
+
+    def build(server: ChatServer, **values: Any) -> HttpChatModel:
+        model = HttpChatModel(ModelConfig(base_url=server.base_url, name="m", **values))
+        made.append(model)
+        return model
+
+    yield build
+    for model in made:
+        model.close()
+
+
+def request(slot: int = 0) -> ModelRequest:
+    messages = (ChatMessage("system", "s"), ChatMessage("user", "hi"))
+    return ModelRequest("s", 1, slot, messages, (), "s")
+
+
+def test_a_server_that_drips_is_cut_off_at_the_deadline(chat_server, http_model):
+    # Twenty bytes a second: the whole answer would take several seconds.
+    server = chat_server([Drip(reply("x" * 200), interval_s=0.05)])
+    model = http_model(server, timeout_s=0.4, retries=0)
+    began = time.monotonic()
+    with pytest.raises(ModelFailure) as caught:
+        model.complete(request())
+    took = time.monotonic() - began
+    assert str(caught.value) == f"the model at {model.url} did not answer within 0.4 s"
+    assert took < 5, f"the deadline did not hold: {took:.1f} s"
+    server.wait_for_closed(1, timeout=WAIT)
+
+
+def test_an_endless_answer_ends_with_the_cap_error(chat_server, http_model):
+    server = chat_server([Endless()])
+    model = http_model(server, max_answer_bytes=100_000, retries=2)
+    with pytest.raises(ModelFailure) as caught:
+        model.complete(request())
+    assert str(caught.value) == answer_too_large(100_000)
+    assert "model.max_answer_bytes (100000 bytes)" in str(caught.value)
+    server.wait_for_closed(1, timeout=WAIT)
+    assert len(server.requests) == 1  # a too-large answer is not retried
+
+
+def test_a_declared_length_over_the_cap_is_refused_before_reading(chat_server, http_model):
+    server = chat_server([RawResponse(body=b"x" * 5_000)])
+    with pytest.raises(ModelFailure, match=r"larger than model.max_answer_bytes \(4096 bytes\)"):
+        http_model(server, max_answer_bytes=4096).complete(request())
+
+
+def test_an_answer_at_the_cap_is_read_whole(chat_server, http_model):
+    server = chat_server([reply("ok")])
+    size = len(b'{"id": "chatcmpl-1"}')  # any cap at least the body's size
+    assert http_model(server, max_answer_bytes=10_000 + size).complete(request()).content == "ok"
+
+
+def test_the_slot_wait_does_not_count_against_the_deadline(
+    loopd_runtime, loopd_config, chat_server
+):
+    # One main slot, two sessions, each answer takes 0.3 s, the deadline is 0.5 s: the second
+    # request waits about 0.3 s for the slot and still has its whole 0.5 s.
+    server = chat_server(lambda body: Delayed(reply("ok"), 0.3))
+    rt = loopd_runtime(config=on_http(loopd_config, server, timeout_s=0.5))
+    seen = events_of(rt)
+    probe = Probe.start(rt.directory)
+    rt.send_turn("a", "x", reply_to=probe.address)
+    rt.send_turn("b", "x", reply_to=probe.address)
+    assert [o.content for o in probe.expect_all(TurnCompleted, 2, timeout=WAIT)] == ["ok", "ok"]
+    waits = sorted(e.slot_wait_s for e in seen if isinstance(e, ModelAnswered))
+    assert waits[0] < 0.2 and waits[1] >= 0.2, waits
+    assert server.overlaps == []
+    probe.stop()
+
+
+# --- slots ------------------------------------------------------------------------------------
+
+
+def test_concurrent_requests_never_share_a_slot(loopd_runtime, loopd_config, chat_server):
+    server = chat_server(lambda body: Delayed(reply(f"on {body['id_slot']}"), 0.15))
+    config = with_section(on_http(loopd_config, server), "slots", main=(0, 1))
+    rt = loopd_runtime(config=config)
+    seen = events_of(rt)
+    probe = Probe.start(rt.directory)
+    for n in range(6):
+        rt.send_turn(f"s{n}", "x", reply_to=probe.address)
+    done = probe.expect_all(TurnCompleted, 6, timeout=WAIT)
+    assert {d.content for d in done} <= {"on 0", "on 1"}
+    assert server.overlaps == []
+    assert server.most_in_flight == 2  # both slots worked at once
+    answered = [e for e in seen if isinstance(e, ModelAnswered)]
+    assert {e.slot for e in answered} == {0, 1}
+    assert max(e.slot_wait_s for e in answered) > 0.1  # some waited for a slot
+    probe.stop()
+
+
+def test_a_session_asks_for_the_slot_that_caches_its_prompt(
+    loopd_runtime, loopd_config, chat_server
+):
+    server = chat_server(lambda body: reply("ok"))
+    config = with_section(on_http(loopd_config, server), "slots", main=(0, 1, 2))
+    rt = loopd_runtime(config=config)
+    for session in ("a", "b", "a", "c", "b"):
+        assert rt.run_turn(session, "x", timeout=WAIT) == TurnCompleted(session, "ok")
+    # a and b take the least recently used slots; back again, each gets its own slot, and c
+    # takes the slot nobody has used.
+    assert [body["id_slot"] for body in server.requests] == [0, 1, 0, 2, 1]
+
+
+def test_children_of_one_answer_take_turns_on_the_slots_there_are(
+    loopd_runtime, loopd_config, chat_server
+):
+    def script(body: dict[str, Any]) -> Any:
+        if is_child(body):
+            return Delayed(reply("child"), 0.2)
+        if last(body)["role"] == "user":
+            return calls(*[("subagent", {"task": f"t{n}"}) for n in range(4)])
+        return reply("done")
+
+    server = chat_server(script)
+    server.total_slots = 4
+    config = with_section(on_http(loopd_config, server), "slots", total="auto")
+    rt = loopd_runtime(config=config)
+    assert rt.config.slots.background == (1, 2, 3)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "done")
+    children = [b for b in server.requests if is_child(b)]
+    assert len(children) == 4
+    assert {b["id_slot"] for b in children} == {1, 2, 3}
+    assert server.overlaps == []
+    assert server.most_in_flight == 3  # three at once; the fourth waited for a free slot
+
+
+def test_auto_slots_without_props_fail_the_start(loopd_config, chat_server):
+    server = chat_server([])
+    config = with_section(on_http(loopd_config, server), "slots", total="auto")
+    with pytest.raises(ConfigError, match=r'slots.total = "auto": cannot read .* HTTP 404'):
+        Runtime.start(config)
+
+
+def test_auto_slots_refuse_a_pool_the_server_lacks(loopd_config, chat_server):
+    server = ChatServer([], total_slots=2).start()
+    try:
+        config = with_section(on_http(loopd_config, server), "slots", total="auto", main=(0, 5))
+        with pytest.raises(ConfigError, match=r"slots\.main names slot 5, but the server has 2"):
+            Runtime.start(config)
+    finally:
+        server.stop()
