@@ -117,9 +117,17 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         request_id=9,
         content="thinking",
         tool_calls=(ProposedCall(name="clock", arguments="{}"),),
+        slot=2,
+        slot_wait_s=0.25,
     ),
     ModelAnswered: lambda: ModelAnswered(
-        session="mm-thread", step=2, content=None, tools=("clock", "subagent"), at=AT
+        session="mm-thread",
+        step=2,
+        content=None,
+        tools=("clock", "subagent"),
+        slot=2,
+        slot_wait_s=0.25,
+        at=AT,
     ),
     ModelError: lambda: ModelError(session="mm-thread", request_id=9, detail="HTTP 503"),
     ModelRequest: lambda: ModelRequest(
@@ -129,6 +137,8 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         messages=(ChatMessage(role="system", content="sys"), USER),
         tools=(SPEC,),
         reply_to="session/mm-thread",
+        pool="background",
+        prefer_slot=True,
     ),
     ModelRequestSent: lambda: ModelRequestSent(session="mm-thread", slot=1, step=3, at=AT),
     CreateChild: lambda: CreateChild(
@@ -152,7 +162,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         session="mm-thread", call_id=5, name="hostname", arguments="{}", reply_to="port"
     ),
     ProposedCall: lambda: ProposedCall(name="subagent", arguments='{"task": "t"}'),
-    RunTurn: lambda: RunTurn(text="hello", speaker="ann", stored=True),
+    RunTurn: lambda: RunTurn(text="hello", speaker="ann", stored=True, pool="background"),
     SessionCrashed: lambda: SessionCrashed(session="mm-thread", detail="boom"),
     SessionLoaded: lambda: SessionLoaded(record=RECORD, created=True),
     SessionRecord: lambda: RECORD,
@@ -213,6 +223,8 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     TurnStarted: lambda: TurnStarted(session="mm-thread", slot=0, at=AT),
     messages.Cancel: lambda: messages.Cancel(FailReason.CANCELLED, "by the user"),
     messages.CancelTurn: lambda: messages.CancelTurn("mm-thread", "by the user"),
+    messages.CancelModelRequest: lambda: messages.CancelModelRequest("mm-thread", 12),
+    messages.CancelPortCall: lambda: messages.CancelPortCall("mm-thread", 4),
     messages.ChildTimedOut: lambda: messages.ChildTimedOut("sub-mm-thread-1", 3),
     messages.JobSkipped: lambda: messages.JobSkipped(
         session="mm-thread", job="heartbeat:mm-thread", held=("sub-mm-thread-1",), at=AT
