@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import threading
 import time
@@ -41,9 +42,13 @@ __all__ = [
     "retry_delay",
 ]
 
-# At least this many requests may be in flight on one client at once (more if the configured
-# concurrency asks for it), so the worker threads never queue on the connection pool.
+# At least this many requests may be in flight on one loop at once (more if the configured
+# concurrency asks for it), so requests never queue on the connection pool.
 _MIN_CONNECTIONS = 64
+# Connections per httpx client. httpcore's pool scans every connection on each request and
+# each close, so 512 connections in one pool cost more CPU than the HTTP itself; more
+# connections are spread over several clients.
+_CONNECTIONS_PER_CLIENT = 64
 
 # How much of an error response's body goes into the failure message.
 _ERROR_BODY_CHARS = 200
@@ -376,7 +381,8 @@ class HttpChatModel:
         self._transport = transport
         self._lock = threading.Lock()
         self._closed = False
-        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = {}
+        self._turn = itertools.count()
         # complete() calls in flight, each a task on a loop of its own: close() cancels them.
         self._calls: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
 
@@ -457,17 +463,21 @@ class HttpChatModel:
         with self._lock:
             if self._closed:
                 raise ModelFailure("the model client is closed")
-            client = self._clients.get(loop)
-            if client is None:
-                n = self._connections
-                client = httpx.AsyncClient(
-                    headers=self._headers,
-                    timeout=httpx.Timeout(self._config.timeout_s),
-                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                    transport=self._transport,
-                )
-                self._clients[loop] = client
-            return client
+            clients = self._clients.get(loop)
+            if clients is None:
+                count = -(-self._connections // _CONNECTIONS_PER_CLIENT)
+                n = -(-self._connections // count)
+                clients = [
+                    httpx.AsyncClient(
+                        headers=self._headers,
+                        timeout=httpx.Timeout(self._config.timeout_s),
+                        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                        transport=self._transport,
+                    )
+                    for _ in range(count)
+                ]
+                self._clients[loop] = clients
+            return clients[next(self._turn) % len(clients)]
 
     def _timed_out(self) -> str:
         return f"the model at {self._url} did not answer within {self._config.timeout_s:g} s"
@@ -483,8 +493,8 @@ class HttpChatModel:
     async def aclose(self) -> None:
         """Close the connections of the running loop."""
         with self._lock:
-            client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
+            clients = self._clients.pop(asyncio.get_running_loop(), [])
+        for client in clients:
             await client.aclose()
 
     # Sync.
@@ -524,10 +534,11 @@ class HttpChatModel:
         for loop, task in calls:
             with contextlib.suppress(RuntimeError):  # that loop has just ended
                 loop.call_soon_threadsafe(task.cancel)
-        for loop, client in clients.items():
-            if not loop.is_closed() and loop.is_running():
-                with contextlib.suppress(RuntimeError):
-                    asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+        for loop, held in clients.items():
+            for client in held:
+                if not loop.is_closed() and loop.is_running():
+                    with contextlib.suppress(RuntimeError):
+                        asyncio.run_coroutine_threadsafe(client.aclose(), loop)
 
 
 def props_url(base_url: str) -> str:

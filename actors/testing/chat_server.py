@@ -99,6 +99,9 @@ class _Server(ThreadingHTTPServer):
     # Handler threads must not keep the test process alive, nor be joined on close: a test may
     # leave one blocked in its script (a timeout test) while the server stops.
     daemon_threads = True
+    # Many clients connect at once (a fan-out of children): a short listen queue would drop
+    # their SYNs and make them wait a second for the retransmission.
+    request_queue_size = 1024
     chat: ChatServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
