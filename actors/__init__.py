@@ -18,11 +18,12 @@ from actors.config import (
 from actors.directory import Directory
 from actors.lock import HomeInUse
 from actors.memory import FileMemory, MemoryFailure, MemorySource
-from actors.model import ChatModel, HttpChatModel, ModelFailure
-from actors.port import PortTool, ToolOutput, port_tool
+from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure
+from actors.port import PortTool, ToolContext, ToolOutput, port_tool
 from actors.runtime import Runtime
 
 __all__ = [
+    "AsyncChatModel",
     "ChatModel",
     "CompactConfig",
     "Config",
@@ -39,6 +40,7 @@ __all__ = [
     "PortTool",
     "Runtime",
     "SlotsConfig",
+    "ToolContext",
     "ToolOutput",
     "port_tool",
 ]

@@ -190,8 +190,11 @@ class ModelService:
     def start(self) -> ModelService:
         """Start the loop's thread; returns once the loop runs."""
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name=self._name)
-        # Not a daemon: stop() ends it, and a process must not exit with requests half-sent.
+        # A daemon: stop() ends and joins it, but a runtime someone forgot to stop must not keep
+        # the process alive.
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name=self._name, daemon=True
+        )
         self._thread.start()
         ready.wait()
         return self
