@@ -39,6 +39,14 @@ def _preview(text: str | None) -> str:
     return one_line if len(one_line) <= _PREVIEW else one_line[: _PREVIEW - 1] + "…"
 
 
+def _slot_note(event: ModelAnswered) -> str:
+    """`` (slot 2, waited 0.4 s for it)`` when the answer names its slot: where it really ran."""
+    if event.slot is None:
+        return ""
+    waited = f", waited {event.slot_wait_s:.1f} s for it" if event.slot_wait_s >= 0.05 else ""
+    return f" (slot {event.slot}{waited})"
+
+
 def _describe(event: TurnEvent) -> str:
     match event:
         case TurnStarted(slot=slot):
@@ -46,9 +54,9 @@ def _describe(event: TurnEvent) -> str:
         case ModelRequestSent(step=step, slot=slot):
             return f"→ model request {step} (slot {slot})"
         case ModelAnswered(tools=tools, content=content) if tools:
-            return "← model calls " + ", ".join(tools)
+            return "← model calls " + ", ".join(tools) + _slot_note(event)
         case ModelAnswered(content=content):
-            return f"← model answers: {_preview(content)}"
+            return f"← model answers{_slot_note(event)}: {_preview(content)}"
         case ToolCallStarted(call_id=call_id, name=name):
             return f"  call {call_id} {name} …"
         case ToolCallFinished(call_id=call_id, name=name, denied=denied):

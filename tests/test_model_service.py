@@ -12,8 +12,9 @@ import pytest
 
 from actors.config import Config, ConfigError, ModelConfig
 from actors.model import HttpChatModel, ModelFailure, answer_too_large
+from actors.render import render_event
 from actors.runtime import Runtime
-from actors.testing import ChatServer, Probe
+from actors.testing import ChatServer, Probe, ScriptedModel
 from actors.testing.chat_server import Delayed, Drip, Endless
 from actors.testing.script import RawResponse, call, calls, reply
 from messages import (
@@ -274,3 +275,60 @@ def test_auto_slots_refuse_a_pool_the_server_lacks(loopd_config, chat_server):
             Runtime.start(config)
     finally:
         server.stop()
+
+
+def test_requests_in_flight_are_bounded_by_model_concurrency(loopd_runtime, loopd_config):
+    release = threading.Event()
+    lock = threading.Lock()
+    running = 0
+    most = 0
+
+    def script(request: ModelRequest) -> Any:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        release.wait(WAIT)
+        with lock:
+            running -= 1
+        return reply("ok")
+
+    model = ScriptedModel(script)
+    config = with_section(loopd_config, "model", concurrency=2)
+    rt = loopd_runtime(model=model, config=with_section(config, "loop", max_children=1))
+    probe = Probe.start(rt.directory)
+    for n in range(4):
+        rt.send_turn(f"s{n}", "x", reply_to=probe.address)
+    model.wait_for_requests(2)
+    with pytest.raises(AssertionError, match="expected 3 model requests"):
+        model.wait_for_requests(3, timeout=0.3)  # the other two wait for a permit
+    release.set()
+    assert len(probe.expect_all(TurnCompleted, 4, timeout=WAIT)) == 4
+    assert most == 2
+    probe.stop()
+
+
+def test_the_concurrency_is_never_below_the_children_of_one_answer(loopd_runtime, loopd_config):
+    # Three children that only answer once all three are in flight, with concurrency 1.
+    together = threading.Barrier(3, timeout=WAIT)
+
+    def script(request: ModelRequest) -> Any:
+        if request.session.startswith("sub-"):
+            together.wait()
+            return reply("child")
+        if request.messages[-1].role == "user":
+            return calls(*[("subagent", {"task": f"t{n}"}) for n in range(3)])
+        return reply("done")
+
+    config = with_section(loopd_config, "model", concurrency=1)
+    rt = loopd_runtime(script, config=with_section(config, "loop", max_children=3))
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "done")
+
+
+def test_the_event_line_names_the_slot_and_the_wait() -> None:
+    answered = ModelAnswered(session="s", step=1, content="hi", slot=2, slot_wait_s=0.42)
+    assert "← model answers (slot 2, waited 0.4 s for it): hi" in render_event(answered)
+    calling = ModelAnswered(session="s", step=1, content=None, tools=("clock",), slot=0)
+    assert render_event(calling).endswith("← model calls clock (slot 0)")
+    unslotted = ModelAnswered(session="s", step=1, content="hi")
+    assert render_event(unslotted).endswith("← model answers: hi")
