@@ -197,7 +197,7 @@ class ModelConfig(_Section, frozen=True):
     Never fewer than ``loop.max_children`` (the runtime raises it to that)."""
     max_answer_bytes: Annotated[int, Meta(ge=1)] = 8 * 1024 * 1024
     """The largest answer body read; a larger one fails the request with ``model_error``."""
-    disconnect_grace_s: Annotated[float, Meta(ge=0)] = 2.0
+    disconnect_grace_s: Annotated[float, Meta(ge=0)] = 3.0
     """Seconds a server may take to notice a closed connection and stop generating.
 
     A slot whose request was cut off (cancelled, timed out, too large) gets no new request,

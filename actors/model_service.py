@@ -157,7 +157,7 @@ class ModelService:
         *,
         concurrency: int,
         pools: Mapping[str, tuple[int, ...]] | None = None,
-        grace_s: float = 2.0,
+        grace_s: float = 3.0,
         scrub: Callable[[str], str] = _unchanged,
         name: str = "loopd-model",
     ) -> None:
