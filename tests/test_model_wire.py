@@ -23,7 +23,7 @@ from actors.model import (
     request_body,
     retry_delay,
 )
-from actors.testing.chat_server import ChatServer
+from actors.testing.chat_server import ChatServer, Delayed
 from actors.testing.script import Answer, RawResponse, call, calls, reply
 from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec
 
@@ -335,7 +335,7 @@ def test_closed_client_fails_cleanly(model_for: Any) -> None:
 
 # --- retries ----------------------------------------------------------------------------------
 
-FAST = {"retry_backoff_s": 0.01, "retry_max_wait_s": 0.05}
+FAST = {"retry_backoff_s": 0.01, "retry_max_wait_s": 0.05, "disconnect_grace_s": 0.01}
 """Retry settings that keep a test's waits to a few hundredths of a second."""
 
 
@@ -373,6 +373,24 @@ def test_timeout_is_retried(model_for: Any) -> None:
     finally:
         release.set()
     assert answer.content == "answer 2"
+
+
+def test_a_retry_after_a_cut_off_attempt_waits_for_the_server_to_let_go(model_for: Any) -> None:
+    # A timed-out request may still be generating on its slot: the retry, on the same slot,
+    # must not come before the server has had disconnect_grace_s to notice the close.
+    arrived: list[float] = []
+
+    def slow_once(body: dict[str, Any]) -> Any:
+        arrived.append(time.monotonic())
+        return Delayed(reply("late"), 30) if len(arrived) == 1 else reply("second")
+
+    settings = {**FAST, "disconnect_grace_s": 0.4}
+    with ChatServer(slow_once) as server:
+        answer = model_for(server, timeout_s=0.2, **settings).complete(make_request())
+        (closed,) = server.closed
+    assert answer.content == "second"
+    assert [body["id_slot"] for body in server.requests] == [3, 3]
+    assert arrived[1] - closed.at >= 0.4 - 0.05  # the server saw the close; then the grace
 
 
 def test_connection_refused_is_retried_then_fails(model_for: Any) -> None:
