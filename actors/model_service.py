@@ -279,6 +279,13 @@ class ModelService:
     # One request.
 
     async def _serve(self, request: ModelRequest) -> None:
+        try:
+            await self._serve_request(request)
+        except Exception as exc:  # a bug here must not leave the session waiting
+            log.exception("model service failed on request %s", request.request_id)
+            self.directory.tell(request.reply_to, model_error(request, exc))
+
+    async def _serve_request(self, request: ModelRequest) -> None:
         key = (request.session, request.request_id)
         loop = asyncio.get_running_loop()
         began = loop.time()

@@ -11,16 +11,21 @@ import msgspec
 import pytest
 
 from actors.config import Config, ConfigError, ModelConfig
+from actors.directory import Directory
 from actors.model import HttpChatModel, ModelFailure, answer_too_large
+from actors.model_service import ModelService
 from actors.render import render_event
 from actors.runtime import Runtime
 from actors.testing import ChatServer, Probe, ScriptedModel
 from actors.testing.chat_server import Delayed, Drip, Endless
 from actors.testing.script import RawResponse, call, calls, reply
 from messages import (
+    CancelModelRequest,
     ChatMessage,
     FailReason,
+    ModelAnswer,
     ModelAnswered,
+    ModelError,
     ModelRequest,
     TurnCompleted,
     TurnEvent,
@@ -334,3 +339,64 @@ def test_the_event_line_names_the_slot_and_the_wait() -> None:
     assert render_event(calling).endswith("← model calls clock (slot 0)")
     unslotted = ModelAnswered(session="s", step=1, content="hi")
     assert render_event(unslotted).endswith("← model answers: hi")
+
+
+# --- the service alone ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def service_for(probe) -> Any:
+    """Start model services on a fresh directory, each with a probe for its answers."""
+    started: list[ModelService] = []
+
+    def start(model: Any, **kwargs: Any) -> tuple[ModelService, Probe]:
+        directory = Directory()
+        service = ModelService(model, directory, concurrency=4, **kwargs).start()
+        started.append(service)
+        return service, probe(directory, "reply")
+
+    yield start
+    for service in started:
+        service.stop()
+
+
+def ask(n: int, to: Probe, pool: Any = "main") -> ModelRequest:
+    messages = (ChatMessage("system", "s"), ChatMessage("user", f"request {n}"))
+    return ModelRequest("s", n, 0, messages, (), to.address, pool=pool)
+
+
+def test_a_request_the_service_cannot_place_is_answered_with_an_error(service_for):
+    service, reply_probe = service_for(
+        ScriptedModel([reply("x")], uses_slots=True), pools={"main": (0,)}
+    )
+    service.tell(ask(1, reply_probe, pool="background"))
+    error = reply_probe.expect(ModelError, timeout=WAIT)
+    assert error.request_id == 1
+    assert error.detail.startswith("the model client failed: KeyError")
+
+
+def test_a_sync_model_keeps_its_slot_until_the_call_returns(service_for):
+    # A thread cannot be interrupted: a cancelled call still runs on its slot, so the next
+    # request on that slot waits for it to return; a cancelled waiter is never answered.
+    release = threading.Event()
+
+    def script(request: ModelRequest) -> Any:
+        if request.request_id == 1:
+            release.wait(WAIT)
+        return reply(f"answer {request.request_id}")
+
+    model = ScriptedModel(script, uses_slots=True)
+    service, reply_probe = service_for(model, pools={"main": (0,)})
+    service.tell(ask(1, reply_probe))
+    model.wait_for_requests(1)
+    service.tell(ask(2, reply_probe))
+    service.tell(CancelModelRequest("s", 1))  # running: its thread goes on
+    service.tell(CancelModelRequest("s", 2))  # waiting: it leaves the queue
+    service.tell(ask(3, reply_probe))
+    with pytest.raises(AssertionError):
+        model.wait_for_requests(2, timeout=0.3)  # slot 0 is still busy with request 1
+    release.set()
+    third = reply_probe.expect(ModelAnswer, timeout=WAIT)
+    assert (third.request_id, third.slot) == (3, 0)
+    assert [r.request_id for r in model.requests] == [1, 3]
+    reply_probe.expect_none(within=0.2)  # neither cancelled request is answered
