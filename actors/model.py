@@ -542,8 +542,9 @@ class HttpChatModel:
 
 
 def props_url(base_url: str) -> str:
-    """Where llama.cpp serves its ``/props``: at the server's root, beside ``/v1``."""
-    return str(httpx.URL(base_url).join("/props"))
+    """Where llama.cpp serves its ``/props``: beside ``/v1`` (a proxy's path prefix kept)."""
+    base = base_url.rstrip("/")
+    return base.removesuffix("/v1") + "/props"
 
 
 def read_total_slots(config: ModelConfig) -> int:

@@ -20,6 +20,7 @@ from actors.model import (
     encode_body,
     is_retryable,
     parse_answer,
+    props_url,
     request_body,
     retry_delay,
 )
@@ -628,3 +629,9 @@ def test_chat_server_answers_404_elsewhere_and_waits_for_requests() -> None:
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": "a"}
     assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def test_props_live_beside_v1() -> None:
+    assert props_url("http://127.0.0.1:8080/v1") == "http://127.0.0.1:8080/props"
+    assert props_url("http://gpu/llama/v1/") == "http://gpu/llama/props"
+    assert props_url("http://gpu:8080") == "http://gpu:8080/props"
