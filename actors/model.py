@@ -467,10 +467,15 @@ class HttpChatModel:
             if clients is None:
                 count = -(-self._connections // _CONNECTIONS_PER_CLIENT)
                 n = -(-self._connections // count)
+                # One TLS context for all: each costs a read of the CA bundle (~0.1 s).
+                tls = httpx.create_ssl_context()
                 clients = [
                     httpx.AsyncClient(
                         headers=self._headers,
-                        timeout=httpx.Timeout(self._config.timeout_s),
+                        # The deadline is asyncio.timeout's, around the whole attempt; httpx's
+                        # own timeouts per read would only add work to every request.
+                        timeout=None,
+                        verify=tls,
                         limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
                         transport=self._transport,
                     )

@@ -51,6 +51,11 @@ class SlotTable:
         for name, ids in self._pools.items():
             if not ids:
                 raise ValueError(f"slot pool {name!r} has no slots")
+        self._pool_sets = {name: frozenset(ids) for name, ids in self._pools.items()}
+        self._rank = {name: {s: i for i, s in enumerate(ids)} for name, ids in self._pools.items()}
+        # Slots neither busy nor cooling: kept as a set so a pick looks at free slots only
+        # (a pool may have hundreds of slots, nearly all busy).
+        self._idle: set[int] = {slot for ids in self._pools.values() for slot in ids}
         self._busy: dict[int, Hashable] = {}
         self._cooling: dict[int, float] = {}
         self._waiting: list[_Waiter] = []
@@ -69,8 +74,7 @@ class SlotTable:
 
     def free(self) -> set[int]:
         """Slots of any pool that a request could get now (neither busy nor cooling)."""
-        every = {slot for ids in self._pools.values() for slot in ids}
-        return {slot for slot in every if self._free(slot)}
+        return set(self._idle)
 
     def waiting(self) -> list[Hashable]:
         """Tickets waiting for a slot, in arrival order."""
@@ -120,6 +124,7 @@ class SlotTable:
         if free_at is not None:
             self._cooling[slot] = free_at
             return []
+        self._idle.add(slot)
         return self._serve()
 
     def wake(self, now: float) -> list[Grant]:
@@ -127,23 +132,24 @@ class SlotTable:
         ready = [slot for slot, at in self._cooling.items() if at <= now]
         for slot in ready:
             del self._cooling[slot]
+            self._idle.add(slot)
         return self._serve() if ready else []
 
     # Inside.
 
-    def _free(self, slot: int) -> bool:
-        return slot not in self._busy and slot not in self._cooling
-
     def _pick(self, waiter: _Waiter) -> int | None:
-        ids = self._pools[waiter.pool]
-        if waiter.preferred in ids and self._free(waiter.preferred):
+        ids = self._pool_sets[waiter.pool]
+        if waiter.preferred in ids and waiter.preferred in self._idle:
             return waiter.preferred
-        free = [slot for slot in ids if self._free(slot)]
+        free = self._idle & ids
         if not free:
             return None
-        return min(free, key=lambda slot: self._last_use.get(slot, 0))
+        # Least recently used; among slots never used, the pool's order.
+        rank = self._rank[waiter.pool]
+        return min(free, key=lambda slot: (self._last_use.get(slot, 0), rank[slot]))
 
     def _take(self, slot: int, ticket: Hashable) -> None:
+        self._idle.discard(slot)
         self._busy[slot] = ticket
         self._last_use[slot] = next(self._uses)
 
@@ -151,7 +157,7 @@ class SlotTable:
         grants: list[Grant] = []
         still: list[_Waiter] = []
         for waiter in self._waiting:  # first come, first served
-            slot = self._pick(waiter)
+            slot = self._pick(waiter) if self._idle else None
             if slot is None:
                 still.append(waiter)
                 continue
