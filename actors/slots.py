@@ -14,11 +14,15 @@ No threads and no clock inside: the caller passes ``now`` and runs the grants it
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["Grant", "SlotTable"]
+
+# Up to this many free slots in a pool are compared one by one; more go through the heap.
+_FEW = 16
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,11 @@ class SlotTable:
             if not ids:
                 raise ValueError(f"slot pool {name!r} has no slots")
         self._pool_sets = {name: frozenset(ids) for name, ids in self._pools.items()}
-        self._rank = {name: {s: i for i, s in enumerate(ids)} for name, ids in self._pools.items()}
-        # Slots neither busy nor cooling: kept as a set so a pick looks at free slots only
-        # (a pool may have hundreds of slots, nearly all busy).
+        # Slots neither busy nor cooling, and the same as a heap of (last use, slot) for the
+        # least recently used pick (with entries left behind by slots taken since, skipped):
+        # a pool may have hundreds of slots, and a pick must not look at each of them.
         self._idle: set[int] = {slot for ids in self._pools.values() for slot in ids}
+        self._lru: list[tuple[int, int]] = [(0, slot) for slot in sorted(self._idle)]
         self._busy: dict[int, Hashable] = {}
         self._cooling: dict[int, float] = {}
         self._waiting: list[_Waiter] = []
@@ -124,7 +129,7 @@ class SlotTable:
         if free_at is not None:
             self._cooling[slot] = free_at
             return []
-        self._idle.add(slot)
+        self._make_idle(slot)
         return self._serve()
 
     def wake(self, now: float) -> list[Grant]:
@@ -132,7 +137,7 @@ class SlotTable:
         ready = [slot for slot, at in self._cooling.items() if at <= now]
         for slot in ready:
             del self._cooling[slot]
-            self._idle.add(slot)
+            self._make_idle(slot)
         return self._serve() if ready else []
 
     # Inside.
@@ -141,12 +146,32 @@ class SlotTable:
         ids = self._pool_sets[waiter.pool]
         if waiter.preferred in ids and waiter.preferred in self._idle:
             return waiter.preferred
-        free = self._idle & ids
-        if not free:
-            return None
-        # Least recently used; among slots never used, the pool's order.
-        rank = self._rank[waiter.pool]
-        return min(free, key=lambda slot: (self._last_use.get(slot, 0), rank[slot]))
+        # The least recently used free slot of the pool (never used first, lowest id first).
+        free = self._idle & ids  # as long as the smaller of the two
+        if len(free) <= _FEW:
+            return min(free, key=self._age) if free else None
+        # Many free: the heap, rather than a look at each. The caller takes what this
+        # returns, so its entry is not pushed back.
+        other_pools: list[tuple[int, int]] = []
+        found = None
+        while self._lru:
+            use, slot = heapq.heappop(self._lru)
+            if slot not in self._idle or self._last_use.get(slot, 0) != use:
+                continue  # taken since this entry was made
+            if slot in ids:
+                found = slot
+                break
+            other_pools.append((use, slot))
+        for entry in other_pools:
+            heapq.heappush(self._lru, entry)
+        return found
+
+    def _age(self, slot: int) -> tuple[int, int]:
+        return self._last_use.get(slot, 0), slot
+
+    def _make_idle(self, slot: int) -> None:
+        self._idle.add(slot)
+        heapq.heappush(self._lru, (self._last_use.get(slot, 0), slot))
 
     def _take(self, slot: int, ticket: Hashable) -> None:
         self._idle.discard(slot)

@@ -31,6 +31,17 @@ def test_without_a_preference_the_least_recently_used_free_slot() -> None:
     assert slots.request("d", "background") == 1
 
 
+def test_a_wide_pool_still_gives_the_least_recently_used_slot() -> None:
+    slots = table(background=tuple(range(1, 101)))
+    assert slots.request("a", "background", preferred=50) == 50
+    assert slots.request("b", "background") == 1
+    slots.release(50, "a")
+    slots.release(1, "b")
+    # Never used first, lowest id first; then 50 (used before 1), then 1.
+    got = [slots.request(n, "background") for n in range(100)]
+    assert got == [*range(2, 50), *range(51, 101), 50, 1]
+
+
 def test_a_busy_preferred_slot_gives_another_free_one() -> None:
     slots = table()
     assert slots.request("a", "background", preferred=1) == 1
@@ -105,25 +116,31 @@ def test_bad_pools_are_refused() -> None:
         table().request("a", "nope")
 
 
+SMALL = {"main": (0, 1), "background": (1, 2, 3)}
+LARGE = {"main": (0, 1), "background": tuple(range(1, 41))}  # past the one-by-one pick
+
+
 @settings(max_examples=200, deadline=None)
 @given(
+    st.sampled_from([SMALL, LARGE]),
     st.lists(
         st.tuples(
-            st.sampled_from(["request", "release", "cut", "withdraw", "wake"]),
+            st.sampled_from(["request", "request", "release", "cut", "withdraw", "wake"]),
             st.integers(0, 7),
             st.sampled_from(["main", "background"]),
-            st.one_of(st.none(), st.integers(0, 4)),
+            st.one_of(st.none(), st.integers(0, 42)),
         ),
-        max_size=60,
-    )
+        max_size=120,
+    ),
 )
-def test_no_slot_ever_has_two_requests_and_no_waiter_misses_a_free_slot(ops) -> None:
-    pools = {"main": (0, 1), "background": (1, 2, 3)}
+def test_no_slot_ever_has_two_requests_and_no_waiter_misses_a_free_slot(pools, ops) -> None:
     slots = SlotTable(pools)
     holding: dict[int, int] = {}  # ticket -> slot
     waiting: dict[int, str] = {}
     now = 0.0
     next_ticket = 0
+    uses = 0
+    used_at: dict[int, int] = {}
 
     def granted(grants: list[Grant]) -> None:
         for grant in grants:
@@ -131,6 +148,12 @@ def test_no_slot_ever_has_two_requests_and_no_waiter_misses_a_free_slot(ops) -> 
             assert grant.slot in pools[waiting.pop(grant.ticket)]  # type: ignore[arg-type]
             assert grant.slot not in holding.values(), "a slot given twice"
             holding[grant.ticket] = grant.slot  # type: ignore[index]
+            note_use(grant.slot)
+
+    def note_use(slot: int) -> None:
+        nonlocal uses
+        uses += 1
+        used_at[slot] = uses
 
     for op, n, pool, preferred in ops:
         now += 1.0
@@ -145,7 +168,11 @@ def test_no_slot_ever_has_two_requests_and_no_waiter_misses_a_free_slot(ops) -> 
                 assert slot in pools[pool] and slot in free_before
                 if preferred in pools[pool] and preferred in free_before:
                     assert slot == preferred
+                else:  # the least recently used free slot of the pool
+                    candidates = free_before & set(pools[pool])
+                    assert slot == min(candidates, key=lambda s: (used_at.get(s, 0), s))
                 holding[next_ticket] = slot
+                note_use(slot)
         elif op in ("release", "cut") and holding:
             ticket = sorted(holding)[n % len(holding)]
             slot = holding.pop(ticket)
