@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import pykka
 
 from actors.config import Config, ConfigError, check_wait
@@ -162,8 +163,9 @@ class Runtime:
         SessionStore(config.home_path / DB_NAME).close()
         # Every child of one answer must be able to wait for the model at once.
         concurrency = max(config.model.concurrency, config.loop.max_children)
+        model_config = msgspec.structs.replace(config.model, concurrency=concurrency)
         chat_model: ChatModel | AsyncChatModel = (
-            model if model is not None else HttpChatModel(config.model, connections=concurrency)
+            model if model is not None else HttpChatModel(model_config)
         )
         if memory is None:
             memory = default_memory(
