@@ -43,7 +43,12 @@ class TurnStarted(_Event, frozen=True):
 
 
 class ModelRequestSent(_Event, frozen=True):
-    """``session`` sent its model request number ``step`` (from 1) of this turn on ``slot``."""
+    """``session`` sent its model request number ``step`` (from 1) of this turn.
+
+    ``slot`` is the slot the session asks for (the one of its last answer, or its pool's first);
+    the model service may run it on another free slot of the pool, which
+    :class:`ModelAnswered` names.
+    """
 
     session: SessionId
     slot: int
