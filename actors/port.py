@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import threading
@@ -57,7 +56,6 @@ class ToolContext:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
 
-@functools.cache
 def _context_parameter(fn: Callable[..., Any]) -> str | None:
     """The name of ``fn``'s parameter annotated :class:`ToolContext`, if it has one."""
     try:
@@ -98,6 +96,11 @@ class PortTool:
     fn: Callable[..., str | ToolOutput]
     data_class: DataClass = DataClass.PUBLIC
     untrusted: bool = False
+    _context: str | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        # Looked up once: the name of fn's ToolContext parameter, if it has one.
+        object.__setattr__(self, "_context", _context_parameter(self.fn))
 
     @property
     def name(self) -> str:
@@ -112,11 +115,10 @@ class PortTool:
             text = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
             return ToolResult(call_id, text, self.data_class, self.untrusted)
         try:
-            wants = _context_parameter(self.fn)
-            if wants is None:
+            if self._context is None:
                 out = self.fn(args)
             else:
-                out = self.fn(args, **{wants: context or ToolContext("", call_id)})
+                out = self.fn(args, **{self._context: context or ToolContext("", call_id)})
             text = out.text if isinstance(out, ToolOutput) else out
             if not isinstance(text, str):
                 raise TypeError(f"it returned {type(text).__name__}, not text")

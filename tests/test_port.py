@@ -9,7 +9,7 @@ from actors.pool import IdleQueue
 from actors.port import PortTool, ToolContext, port_tool
 from actors.testing import Probe
 from actors.testing.script import call, reply
-from messages import FailReason, ModelRequest, ToolResult, TurnCompleted, TurnFailed
+from messages import FailReason, ModelRequest, ToolResult, ToolSpec, TurnCompleted, TurnFailed
 
 WAIT = 10.0
 
@@ -88,3 +88,19 @@ def test_a_queued_call_can_be_withdrawn() -> None:
     assert queue.withdraw(lambda job: job == "b") == "b"
     assert queue.withdraw(lambda job: job == "b") is None
     assert queue.free(0) == (0, "c")
+
+
+def test_a_tool_may_be_any_callable_object() -> None:
+    class Counter:
+        """Unhashable (it defines __eq__), as a dataclass instance would be."""
+
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, args: dict[str, Any], ctx: ToolContext) -> str:
+            return f"call {ctx.call_id}"
+
+    tool = PortTool(ToolSpec("count", "Counts.", {}), Counter())
+    assert tool.run(7, "{}", ToolContext("s", 7)) == ToolResult(7, "call 7")
