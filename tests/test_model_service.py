@@ -134,6 +134,25 @@ def test_stop_closes_the_connection_and_leaves_no_model_thread(loopd_config, cha
     assert rt.model_service.threads() == []  # an HTTP model has no thread pool
 
 
+def test_stop_ends_a_wait_before_a_retry_at_once(loopd_config, chat_server):
+    # The server is overloaded; the retry would come after 300 s (past the test's timeout).
+    server = chat_server(lambda body: RawResponse(status=503, body=b"busy"))
+    config = on_http(loopd_config, server, retries=3, retry_backoff_s=300, retry_max_wait_s=300)
+    rt = Runtime.start(config)
+    probe = Probe.start(rt.directory)
+    try:
+        rt.send_turn("s", "hi", reply_to=probe.address)
+        server.wait_for_requests(1)
+        server.wait_for_idle()
+        rt.stop()
+        assert probe.expect(TurnFailed, timeout=WAIT).reason is FailReason.CANCELLED
+    finally:
+        rt.stop()
+        probe.stop()
+    assert len(server.requests) == 1
+    assert rt.model_service.threads() == []
+
+
 # --- the deadline and the cap -----------------------------------------------------------------
 
 
