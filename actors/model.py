@@ -72,6 +72,10 @@ _JITTER = 0.1
 class ModelFailure(Exception):
     """A model request failed; ``str(failure)`` is a human sentence naming the cause."""
 
+    cut = False
+    """True when the last attempt was cut off (a deadline, a body over the cap) while the
+    server may still be working on it: its slot must rest before the next request."""
+
 
 class ChatModel(Protocol):
     """Anything that answers chat-completions requests: the HTTP client, or a scripted fake.
@@ -418,7 +422,9 @@ class HttpChatModel:
                     cause = failed.cause
                     if attempt:
                         cause += f" (after {attempt + 1} attempts)"
-                    raise ModelFailure(cause) from failed.error
+                    failure = ModelFailure(cause)
+                    failure.cut = failed.cut
+                    raise failure from failed.error
                 delay = retry_delay(attempt, failed.headers, self._config)
                 if failed.cut:  # the server may still work on it: let it notice first
                     delay = max(delay, self._config.disconnect_grace_s)

@@ -337,7 +337,7 @@ class ModelService:
             cut = False
             return answer
         except ModelFailure as exc:
-            cut = False  # the model answered the failure; a cut-off attempt waited its grace
+            cut = exc.cut  # a last attempt cut off: the server may still generate on the slot
             return ModelError(request.session, request.request_id, self.scrub(str(exc)))
         except Exception as exc:
             log.error("model client failed: %s", self.scrub(traceback.format_exc()))

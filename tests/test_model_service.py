@@ -229,6 +229,33 @@ def test_the_slot_wait_does_not_count_against_the_deadline(
     probe.stop()
 
 
+def test_a_slot_rests_after_a_request_that_timed_out(loopd_runtime, loopd_config, chat_server):
+    # a's request is cut off at its deadline while the server still works on it; b, waiting for
+    # the same (only) slot, is sent only after disconnect_grace_s.
+    def script(body: dict[str, Any]) -> Any:
+        if last(body)["content"] == "slow":
+            return Delayed(reply("too late"), LONG)
+        return reply("quick")
+
+    server = chat_server(script)
+    config = on_http(loopd_config, server, timeout_s=0.3, disconnect_grace_s=0.5)
+    rt = loopd_runtime(config=config)
+    probe = Probe.start(rt.directory)
+    rt.send_turn("a", "slow", reply_to=probe.address)
+    server.wait_for_requests(1)
+    rt.send_turn("b", "fast", reply_to=probe.address)
+    failed = probe.expect(TurnFailed, timeout=WAIT)
+    assert (
+        failed.reason is FailReason.MODEL_ERROR and "did not answer within 0.3 s" in failed.detail
+    )
+    assert probe.expect(TurnCompleted, timeout=WAIT).content == "quick"
+    (closed,) = server.closed
+    arrived = server.arrivals[1]
+    assert arrived - closed.at >= 0.5 - 0.05
+    assert server.overlaps == []
+    probe.stop()
+
+
 # --- slots ------------------------------------------------------------------------------------
 
 

@@ -256,6 +256,7 @@ class ChatServer:
         self._headers: list[dict[str, str]] = []
         self._errors: list[str] = []
         self._closed: list[Closed] = []
+        self._arrivals: list[float] = []
         self._in_flight: dict[int | None, int] = {}
         self._overlaps: list[tuple[int, int]] = []
         self._most_in_flight = 0
@@ -343,6 +344,12 @@ class ChatServer:
             return list(self._errors)
 
     @property
+    def arrivals(self) -> list[float]:
+        """``time.monotonic()`` at the arrival of each request, as ``requests``."""
+        with self._changed:
+            return list(self._arrivals)
+
+    @property
     def closed(self) -> list[Closed]:
         """Requests whose client closed the connection before the answer was complete."""
         with self._changed:
@@ -409,6 +416,7 @@ class ChatServer:
         with self._changed:
             self._requests.append(body)
             self._headers.append(headers)
+            self._arrivals.append(time.monotonic())
             number = len(self._requests)
             if slot is not None and self._in_flight.get(slot, 0):
                 self._overlaps.append((number, slot))
