@@ -1,0 +1,29 @@
+"""Dispatched pykka actors: many actors on a small shared pool of threads.
+
+A :class:`pykka.ThreadingActor` owns one OS thread for its whole life. A
+:class:`DispatchedActor` owns none: its messages wait in its mailbox, and when there are some,
+the mailbox is queued on its :class:`Dispatcher`, whose few threads take mailboxes in turn and
+run each for at most ``throughput`` messages before queuing it again behind the others (the way
+Akka's dispatchers work). So ten thousand idle actors cost memory, not threads, and one busy
+actor cannot starve the rest.
+
+Every pykka promise holds: ``ActorRef``, ``tell``, ``ask``, proxies, the ``ActorRegistry``,
+``on_start`` / ``on_stop`` / ``on_failure``, one message at a time per actor, messages in the
+order they were sent, and ``ActorDeadError`` for a dead actor. One actor never runs on two
+threads at once (it may run on different threads over its life). A handler must not block for
+long: it holds a thread other actors need. Blocking work belongs to an actor with a thread of
+its own.
+
+This package is loopd's, but it imports nothing of loopd: only pykka and the standard library.
+"""
+
+from actors.dispatcher._actor import DispatchedActor
+from actors.dispatcher._pool import DEFAULT_THROUGHPUT, Dispatcher, DispatcherClosed, TimerHandle
+
+__all__ = [
+    "DEFAULT_THROUGHPUT",
+    "DispatchedActor",
+    "Dispatcher",
+    "DispatcherClosed",
+    "TimerHandle",
+]

@@ -1,0 +1,232 @@
+"""The dispatcher: a few threads that run the mailboxes of many actors, and one timer thread."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import pykka
+
+__all__ = ["DEFAULT_THROUGHPUT", "Dispatcher", "DispatcherClosed", "TimerHandle", "default_threads"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THROUGHPUT = 16
+"""Messages an actor may handle in one go before it hands its thread to the next actor."""
+
+
+def default_threads() -> int:
+    """A pool size that suits the machine: the CPU count, but at most 4 and at least 1.
+
+    Handlers only compute (they never block), and the GIL runs one of them at a time, so more
+    threads buy little; a few keep a slow handler from stalling every other actor.
+    """
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class DispatcherClosed(RuntimeError):
+    """An actor was started on a dispatcher that is shut down (or shutting down)."""
+
+
+class Runnable(Protocol):
+    """What the dispatcher runs: an actor's mailbox (see ``_actor._Mailbox``)."""
+
+    def run(self) -> None:
+        """Handle up to ``throughput`` messages, then queue itself again if more wait."""
+
+    def stop_actor(self) -> pykka.Future[bool] | None:
+        """Ask the actor to stop, after the messages it has already been sent."""
+
+    def abandon(self) -> None:
+        """Give up on an actor that did not stop in time: refuse what it was sent."""
+
+
+class TimerHandle:
+    """A call scheduled with :meth:`Dispatcher.call_later`; :meth:`cancel` drops it."""
+
+    __slots__ = ("cancelled", "fn", "when")
+
+    def __init__(self, when: float, fn: Callable[[], object]) -> None:
+        self.when = when
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Do not make the call (no effect once it is made)."""
+        self.cancelled = True
+
+
+_STOP = None
+
+
+class Dispatcher:
+    """A pool of ``threads`` threads shared by every :class:`DispatchedActor` started on it.
+
+    A mailbox with messages waits in one FIFO queue; a free thread takes it and runs up to
+    ``throughput`` of its messages, then queues it again behind the others if more wait. The
+    threads are daemons named ``<name>-<n>``. :meth:`call_later` runs short callbacks (telling
+    an actor a message, say) on one more thread, ``<name>-timer``, started on first use.
+    :meth:`shutdown` stops every actor still on the dispatcher and ends its threads.
+    """
+
+    def __init__(
+        self, threads: int | None = None, *, name: str = "dispatcher", throughput: int = 0
+    ) -> None:
+        size = default_threads() if threads is None else threads
+        if size < 1:
+            raise ValueError(f"a dispatcher needs at least 1 thread, not {size}")
+        self.name = name
+        self.throughput = throughput if throughput > 0 else DEFAULT_THROUGHPUT
+        self._ready: queue.SimpleQueue[Runnable | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        # A dict for its order: stopping in start order finds each actor near the front of
+        # pykka's registry (a list), so stopping n actors costs O(n), not O(n**2).
+        self._mailboxes: dict[Runnable, None] = {}
+        self._closed = False
+        self._timers: list[tuple[float, int, TimerHandle]] = []
+        self._timer_seq = itertools.count()
+        self._timer_cond = threading.Condition()
+        self._timer_thread: threading.Thread | None = None
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """Every thread of this dispatcher: the pool, and the timer once it has started."""
+        timer = (self._timer_thread,) if self._timer_thread is not None else ()
+        return (*self._threads, *timer)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` has begun: no actor may start on it any more."""
+        return self._closed
+
+    def actor_count(self) -> int:
+        """How many actors are started on this dispatcher and not stopped yet."""
+        with self._lock:
+            return len(self._mailboxes)
+
+    # The actors' side.
+
+    def attach(self, mailbox: Runnable) -> None:
+        """Count ``mailbox``'s actor as started here; raises DispatcherClosed after shutdown."""
+        with self._lock:
+            if self._closed:
+                raise DispatcherClosed(f"dispatcher {self.name} is shut down")
+            self._mailboxes[mailbox] = None
+
+    def detach(self, mailbox: Runnable) -> None:
+        """``mailbox``'s actor has stopped."""
+        with self._lock:
+            self._mailboxes.pop(mailbox, None)
+
+    def execute(self, mailbox: Runnable) -> None:
+        """Queue ``mailbox`` for a thread (its owner makes sure it is queued once at a time)."""
+        self._ready.put(mailbox)
+
+    def _work(self) -> None:
+        while True:
+            mailbox = self._ready.get()
+            if mailbox is _STOP:
+                return
+            try:
+                mailbox.run()
+            except BaseException:  # a bug in the mailbox itself: the thread must live on
+                log.exception("dispatcher %s: a mailbox run failed", self.name)
+
+    # Timers.
+
+    def call_later(self, delay: float, fn: Callable[[], object]) -> TimerHandle:
+        """Call ``fn()`` on the timer thread after ``delay`` seconds; keep ``fn`` short.
+
+        Calls made while shutting down are dropped. An exception in ``fn`` is logged.
+        """
+        handle = TimerHandle(time.monotonic() + max(0.0, delay), fn)
+        with self._timer_cond:
+            if self._closed:
+                handle.cancel()
+                return handle
+            heapq.heappush(self._timers, (handle.when, next(self._timer_seq), handle))
+            if self._timer_thread is None:
+                self._timer_thread = threading.Thread(
+                    target=self._run_timers, name=f"{self.name}-timer", daemon=True
+                )
+                self._timer_thread.start()
+            self._timer_cond.notify()
+        return handle
+
+    def _run_timers(self) -> None:
+        with self._timer_cond:
+            while not self._closed:
+                if not self._timers:
+                    self._timer_cond.wait()
+                    continue
+                when, _, handle = self._timers[0]
+                wait = when - time.monotonic()
+                if wait > 0 and not handle.cancelled:
+                    self._timer_cond.wait(wait)
+                    continue
+                heapq.heappop(self._timers)
+                if handle.cancelled:
+                    continue
+                self._timer_cond.release()
+                try:
+                    handle.fn()
+                except Exception:
+                    log.exception("dispatcher %s: a timer callback failed", self.name)
+                finally:
+                    self._timer_cond.acquire()
+
+    # The end.
+
+    def shutdown(self, timeout: float | None = 10.0) -> bool:
+        """Stop every actor still on this dispatcher, in parallel, then end every thread.
+
+        Each actor handles what it was sent before it stops (``on_stop`` runs). Whatever is
+        not done after ``timeout`` seconds is given up: the actors left are marked stopped and
+        removed from pykka's registry, and what they were sent is answered ``ActorDeadError``.
+        Returns True if every thread ended in time. Calling it again does no harm.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+            mailboxes = list(self._mailboxes)
+        futures = [f for f in (m.stop_actor() for m in mailboxes) if f is not None]
+        for future in futures:
+            try:
+                future.get(timeout=left())
+            except pykka.Timeout:
+                break
+        with self._timer_cond:
+            self._timers.clear()
+            self._timer_cond.notify_all()
+        if first:
+            for _ in self._threads:
+                self._ready.put(_STOP)
+        for thread in self.threads:
+            thread.join(left())
+        with self._lock:
+            stuck = list(self._mailboxes)
+        for mailbox in stuck:
+            mailbox.abandon()
+        return not any(thread.is_alive() for thread in self.threads)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Dispatcher {self.name} threads={len(self._threads)} {state}>"

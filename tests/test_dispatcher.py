@@ -1,0 +1,324 @@
+"""Dispatched actors keep every pykka promise on a few shared threads.
+
+These tests stand alone: they import pykka and ``actors.dispatcher``, nothing else of loopd.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pykka
+import pytest
+
+from actors.dispatcher import DispatchedActor, Dispatcher, DispatcherClosed
+
+WAIT = 10.0
+
+
+@pytest.fixture
+def dispatcher() -> Iterator[Dispatcher]:
+    d = Dispatcher(2, name="test-dispatcher")
+    yield d
+    assert d.shutdown(WAIT)
+
+
+class Recorder(DispatchedActor):
+    """Keeps what it receives; answers an ask with the message itself."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__(dispatcher)
+        self.received: list[Any] = []
+        self.events: list[str] = []
+        self.stopped = threading.Event()
+        self.failure: BaseException | None = None
+        self.failed = threading.Event()
+
+    def on_start(self) -> None:
+        self.events.append(f"start on {threading.current_thread().name}")
+
+    def on_stop(self) -> None:
+        self.events.append("stop")
+        self.stopped.set()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self.failure = exception_value
+        self.failed.set()
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "boom":
+            raise ValueError("boom")
+        if message == "stop yourself":
+            self.stop()
+        self.received.append(message)
+        return message
+
+    def thread_name(self) -> str:
+        return threading.current_thread().name
+
+
+class Gate(DispatchedActor):
+    """Holds the thread it runs on until ``release`` is set: lets a test line up mailboxes."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__(dispatcher)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def on_receive(self, message: Any) -> None:
+        self.entered.set()
+        assert self.release.wait(WAIT)
+
+
+def hold_every_thread(dispatcher: Dispatcher, count: int) -> list[Gate]:
+    gates = []
+    for _ in range(count):
+        gate: Gate = actor_of(Gate.start(dispatcher))
+        gate.actor_ref.tell("hold")
+        assert gate.entered.wait(WAIT)
+        gates.append(gate)
+    return gates
+
+
+def actor_of(ref: pykka.ActorRef[Any]) -> Any:
+    actor = ref._actor_weakref()
+    assert actor is not None
+    return actor
+
+
+def test_messages_arrive_in_order_and_asks_are_answered(dispatcher) -> None:
+    ref = Recorder.start(dispatcher)
+    for i in range(1000):
+        ref.tell(i)
+    assert ref.ask("last", timeout=WAIT) == "last"
+    assert actor_of(ref).received == [*range(1000), "last"]
+    [started] = actor_of(ref).events
+    assert started.startswith("start on test-dispatcher-")  # on a thread of the pool
+    ref.stop()
+
+
+def test_on_start_runs_before_messages_told_before_the_start(dispatcher) -> None:
+    class Early(Recorder):
+        def __init__(self, dispatcher: Dispatcher) -> None:
+            super().__init__(dispatcher)
+            self.actor_ref.tell("told in __init__")
+
+        def on_receive(self, message: Any) -> Any:
+            self.events.append(f"got {message}")
+            return None
+
+    ref = Early.start(dispatcher)
+    ref.ask("sync", timeout=WAIT)
+    events = actor_of(ref).events
+    assert [e.split(" on ")[0] for e in events] == ["start", "got told in __init__", "got sync"]
+    ref.stop()
+
+
+def test_one_actor_never_runs_on_two_threads_at_once() -> None:
+    dispatcher = Dispatcher(4, name="overlap", throughput=3)
+
+    class Counter(DispatchedActor):
+        def __init__(self, dispatcher: Dispatcher) -> None:
+            super().__init__(dispatcher)
+            self.inside = False
+            self.overlaps = 0
+            self.count = 0
+            self.threads: set[str] = set()
+
+        def on_receive(self, message: Any) -> Any:
+            if self.inside:
+                self.overlaps += 1
+            self.inside = True
+            self.threads.add(threading.current_thread().name)
+            os.sched_yield()  # invite another thread in, if the mailbox would let it
+            self.count += 1
+            self.inside = False
+            return self.count
+
+    ref = Counter.start(dispatcher)
+    others = [Recorder.start(dispatcher) for _ in range(8)]
+
+    def send(n: int) -> None:
+        for i in range(n):
+            ref.tell(i)
+            others[i % len(others)].tell(i)
+
+    senders = [threading.Thread(target=send, args=(2000,)) for _ in range(4)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(WAIT)
+    assert ref.ask("done", timeout=WAIT) == 8001
+    counter = actor_of(ref)
+    assert counter.overlaps == 0
+    assert counter.threads <= {t.name for t in dispatcher.threads}
+    assert dispatcher.shutdown(WAIT)
+
+
+def test_a_busy_actor_hands_its_thread_back_after_throughput_messages() -> None:
+    dispatcher = Dispatcher(1, name="fair", throughput=5)
+    [gate] = hold_every_thread(dispatcher, 1)
+    busy = Recorder.start(dispatcher)
+    quiet_saw: list[int] = []
+
+    class Quiet(DispatchedActor):
+        def on_receive(self, message: Any) -> None:
+            quiet_saw.append(len(actor_of(busy).received))
+
+    quiet = Quiet.start(dispatcher)
+    for i in range(100):
+        busy.tell(i)  # 100 messages wait before the quiet actor's one
+    quiet.tell("hello")
+    gate.release.set()
+    assert busy.ask("sync", timeout=WAIT) == "sync"
+    # The quiet actor ran after the busy one's first 5 messages, not after all 100.
+    assert quiet_saw == [5]
+    assert dispatcher.shutdown(WAIT)
+
+
+def test_ask_proxy_and_futures_behave_as_in_pykka(dispatcher) -> None:
+    ref = Recorder.start(dispatcher)
+    future = ref.ask("later", block=False)
+    assert future.get(timeout=WAIT) == "later"
+    proxy = ref.proxy()
+    assert proxy.thread_name().get(timeout=WAIT).startswith("test-dispatcher-")
+    proxy.received = ["replaced"]  # a proxy's attribute set is a message too
+    assert proxy.received.get(timeout=WAIT) == ["replaced"]
+    joined = pykka.get_all([ref.ask(i, block=False) for i in range(5)], timeout=WAIT)
+    assert joined == [0, 1, 2, 3, 4]
+    # An exception in an ask goes back to the asker; the actor lives on.
+    with pytest.raises(ValueError, match="boom"):
+        ref.ask("boom", timeout=WAIT)
+    assert ref.is_alive()
+    assert ref.ask("still here", timeout=WAIT) == "still here"
+    ref.stop()
+
+
+def test_an_exception_in_a_told_message_calls_on_failure_and_ends_the_actor(dispatcher) -> None:
+    ref = Recorder.start(dispatcher)
+    actor = actor_of(ref)
+    ref.tell("boom")
+    assert actor.failed.wait(WAIT)
+    assert isinstance(actor.failure, ValueError)
+    assert not ref.is_alive()
+    assert ref not in pykka.ActorRegistry.get_all()
+    assert "stop" not in actor.events  # on_failure instead of on_stop, as in pykka
+    with pytest.raises(pykka.ActorDeadError):
+        ref.tell("anyone?")
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("anyone?", timeout=WAIT)
+    assert dispatcher.actor_count() == 0
+
+
+def test_stop_handles_what_was_sent_before_and_refuses_what_comes_after(dispatcher) -> None:
+    gates = hold_every_thread(dispatcher, 2)
+    ref = Recorder.start(dispatcher)
+    ref.tell("before")
+    stopping = ref.stop(block=False)
+    after = ref.ask("after", block=False)  # queued behind the stop
+    for gate in gates:
+        gate.release.set()
+    assert stopping.get(timeout=WAIT) is True
+    with pytest.raises(pykka.ActorDeadError):
+        after.get(timeout=WAIT)
+    actor = actor_of(ref)
+    assert actor.received == ["before"]
+    assert actor.events[-1] == "stop"
+    assert ref.stop(timeout=WAIT) is False  # already dead
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("late", timeout=WAIT)
+
+
+def test_an_actor_can_stop_itself_from_inside(dispatcher) -> None:
+    gates = hold_every_thread(dispatcher, 2)
+    ref = Recorder.start(dispatcher)
+    ref.tell("stop yourself")
+    ref.tell("queued before the stop")  # ahead of the stop the actor tells itself
+    for gate in gates:
+        gate.release.set()
+    actor = actor_of(ref)
+    assert actor.stopped.wait(WAIT)
+    assert actor.received == ["stop yourself", "queued before the stop"]
+    assert not ref.is_alive()
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("after", timeout=WAIT)
+
+
+def test_the_registry_lists_an_actor_only_while_it_lives(dispatcher) -> None:
+    refs = [Recorder.start(dispatcher) for _ in range(3)]
+    assert set(refs) <= set(pykka.ActorRegistry.get_by_class(Recorder))
+    assert pykka.ActorRegistry.get_by_urn(refs[0].actor_urn) is refs[0]
+    refs[0].stop()
+    refs[1].tell("boom")
+    assert actor_of(refs[1]).failed.wait(WAIT)
+    assert set(pykka.ActorRegistry.get_by_class(Recorder)) == {refs[2]}
+    refs[2].stop()
+    assert pykka.ActorRegistry.get_by_class(Recorder) == []
+    assert dispatcher.actor_count() == 0
+
+
+def test_ten_thousand_actors_share_two_threads() -> None:
+    before = set(threading.enumerate())
+    dispatcher = Dispatcher(2, name="many")
+    refs = [Recorder.start(dispatcher) for _ in range(10_000)]
+    answers = pykka.get_all([ref.ask(i, block=False) for i, ref in enumerate(refs)], timeout=60)
+    assert answers == list(range(10_000))
+    assert set(threading.enumerate()) - before == set(dispatcher.threads)
+    assert len(dispatcher.threads) == 2
+    assert dispatcher.shutdown(60)
+    assert all(not ref.is_alive() for ref in refs)
+    assert pykka.ActorRegistry.get_by_class(Recorder) == []
+
+
+def test_shutdown_stops_every_actor_and_leaves_no_thread() -> None:
+    before = set(threading.enumerate())
+    dispatcher = Dispatcher(3, name="ending")
+    refs = [Recorder.start(dispatcher) for _ in range(50)]
+    fired = threading.Event()
+    dispatcher.call_later(0, fired.set)
+    assert fired.wait(WAIT)
+    dispatcher.call_later(3600, fired.clear)  # pending at shutdown: dropped
+    for ref in refs:
+        ref.tell("last words")
+    assert dispatcher.shutdown(WAIT)
+    assert set(threading.enumerate()) - before == set()
+    for ref in refs:
+        actor = actor_of(ref)
+        assert (actor.received, actor.events[-1]) == (["last words"], "stop")
+    assert pykka.ActorRegistry.get_by_class(Recorder) == []
+    assert fired.is_set()
+    with pytest.raises(DispatcherClosed, match="ending"):
+        Recorder.start(dispatcher)
+    assert pykka.ActorRegistry.get_by_class(Recorder) == []
+
+
+def test_shutdown_gives_up_on_an_actor_that_does_not_stop_in_time() -> None:
+    dispatcher = Dispatcher(1, name="stuck")
+    [gate] = hold_every_thread(dispatcher, 1)
+    waiting = Recorder.start(dispatcher)
+    pending = waiting.ask("never handled", block=False)
+    assert dispatcher.shutdown(0.2) is False  # the gate holds the only thread
+    assert pykka.ActorRegistry.get_by_class(Recorder) == []
+    assert pykka.ActorRegistry.get_by_class(Gate) == []
+    with pytest.raises(pykka.ActorDeadError):
+        pending.get(timeout=WAIT)
+    gate.release.set()
+    assert dispatcher.shutdown(WAIT)
+
+
+def test_call_later_calls_once_and_cancel_prevents_it(dispatcher) -> None:
+    calls: list[str] = []
+    done = threading.Event()
+    cancelled = dispatcher.call_later(0.05, lambda: calls.append("cancelled"))
+    dispatcher.call_later(0.1, lambda: (calls.append("later"), done.set()))
+    dispatcher.call_later(0, lambda: calls.append("now"))
+    cancelled.cancel()
+    assert done.wait(WAIT)
+    assert calls == ["now", "later"]
+
+
+def test_a_dispatcher_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="at least 1 thread"):
+        Dispatcher(0)
