@@ -30,6 +30,8 @@ __all__ = [
     "MemoryConfig",
     "ModelConfig",
     "PortConfig",
+    "RuntimeConfig",
+    "SessionsConfig",
     "SlotPool",
     "SlotsConfig",
     "check_base_url",
@@ -381,6 +383,23 @@ class MemoryConfig(_Section, frozen=True):
         _check_path_text(self.file, "memory.file")
 
 
+class RuntimeConfig(_Section, frozen=True):
+    """``[runtime]``: the threads the session actors and the Context share."""
+
+    threads: Annotated[int, Meta(ge=1, le=256)] | None = None
+    """Threads of the dispatcher that runs every session actor and the Context (none: the CPU
+    count, at most 4)."""
+
+
+class SessionsConfig(_Section, frozen=True):
+    """``[sessions]``: when an idle top-level session's actor is stopped (passivated)."""
+
+    idle_s: Annotated[float, Meta(ge=0)] = 600.0
+    """Seconds a top-level session may stay idle before its actor stops (0: never for idleness)."""
+    max_live: Annotated[int, Meta(ge=0)] = 10_000
+    """Live sessions past which the least recently used idle one is stopped (0: no limit)."""
+
+
 class CronJob(_Section, frozen=True):
     """One ``[[cron]]`` entry: a turn on ``session`` with ``prompt`` at each ``schedule`` time."""
 
@@ -446,6 +465,8 @@ class Config(_Section, frozen=True):
     compact: CompactConfig = field(default_factory=CompactConfig)
     port: PortConfig = field(default_factory=PortConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
     cron: tuple[CronJob, ...] = ()
     """``[[cron]]`` jobs."""
     heartbeat: HeartbeatConfig | None = None
