@@ -16,6 +16,7 @@ import pykka
 from actors.config import Config
 from actors.directory import CONTEXT, EVENTS, STORE, Directory, session_address
 from actors.dispatch import ArgumentError, Registry, child_id, descends_from
+from actors.dispatcher import DispatchedActor
 from actors.memory import MemorySource
 from actors.session import SessionActor, SessionEnv
 from actors.spawn import build_baseline, child_summary, child_text
@@ -136,14 +137,15 @@ class HoldTable:
         return holds
 
 
-class ContextActor(pykka.ThreadingActor):
+class ContextActor(DispatchedActor):
     """One per runtime. Owns the configuration, the memory source, the hold table and the table
     of live session actors; the only actor that starts sessions or spawns children.
 
     It never waits: opening a session is a request to the store, a turn is a message to the
     session, and each answer comes back as a message that moves a hold along. A handler that
     fails is logged and the Context goes on; if the Context itself stops, every held turn is
-    answered.
+    answered. It runs on the runtime's dispatcher (``session_env.dispatcher``), like the
+    sessions; its only blocking work is the memory file, which it owns.
     """
 
     def __init__(
@@ -155,7 +157,7 @@ class ContextActor(pykka.ThreadingActor):
         session_env: SessionEnv,
         clock: Callable[[], datetime],
     ) -> None:
-        super().__init__()
+        super().__init__(session_env.dispatcher)
         self.config = config
         self.directory = directory
         self.registry = registry

@@ -6,6 +6,7 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -18,6 +19,7 @@ from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
+from actors.dispatcher import Dispatcher
 from actors.events import EventBus, Subscribers
 from actors.lock import HomeLock
 from actors.memory import MemorySource, default_memory
@@ -32,6 +34,8 @@ from actors.text import RedactFilter, redact
 from actors.turn import Limits
 from messages import (
     CancelTurn,
+    ContextStatus,
+    Inspect,
     StartTurn,
     TurnEvent,
     TurnOutcome,
@@ -86,6 +90,29 @@ class _Waiter:
         return self._message
 
 
+def _in_start_order(refs: Iterable[pykka.ActorRef[Any]]) -> list[pykka.ActorRef[Any]]:
+    """``refs`` in the order pykka's registry lists them (the order they started in).
+
+    An actor that stops leaves the registry, a list: stopping the oldest first finds each one
+    near its front, so stopping n actors costs O(n) rather than O(n**2).
+    """
+    order = {ref.actor_urn: i for i, ref in enumerate(pykka.ActorRegistry.get_all())}
+    return sorted(refs, key=lambda ref: order.get(ref.actor_urn, -1))
+
+
+def _await_stops(what: str, futures: list[pykka.Future[bool]], timeout: float) -> bool:
+    """Wait for stop ``futures`` together until ``timeout``; False (and a warning naming
+    ``what``) if some have not stopped by then."""
+    deadline = time.monotonic() + timeout
+    for future in futures:
+        try:
+            future.get(timeout=max(0.0, deadline - time.monotonic()))
+        except pykka.Timeout:
+            log.warning("loopd: %s did not stop within the stop's deadline", what)
+            return False
+    return True
+
+
 class Runtime:
     """A started loopd: the Context, the store, the model service, the port and the event bus.
 
@@ -103,8 +130,10 @@ class Runtime:
         model: ChatModel | AsyncChatModel,
         registry: Registry,
         model_service: ModelService,
+        dispatcher: Dispatcher,
     ) -> None:
         self.config = config
+        self.dispatcher = dispatcher
         self.directory = directory
         self.registry = registry
         self.model = model
@@ -185,7 +214,8 @@ class Runtime:
             max_children=config.loop.max_children,
             untrusted_may_remember=config.memory.allow_untrusted_writes,
         )
-        env = SessionEnv(directory, registry, limits, clock, itertools.count(1))
+        dispatcher = Dispatcher(config.runtime.threads, name="loopd")
+        env = SessionEnv(directory, registry, limits, clock, itertools.count(1), dispatcher)
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.model.secrets()
         service = ModelService(
@@ -220,10 +250,13 @@ class Runtime:
             service.stop()
             for ref in reversed(refs.values()):
                 ref.stop()
+            dispatcher.shutdown()
             if model is None:
                 chat_model.close()
             raise
-        runtime = cls(config, directory, subscribers, refs, chat_model, registry, service)
+        runtime = cls(
+            config, directory, subscribers, refs, chat_model, registry, service, dispatcher
+        )
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
         for name in _LIBRARY_LOGGERS:
@@ -293,41 +326,68 @@ class Runtime:
         cancelled = self.context.ask(CancelTurn(session), timeout=timeout)
         return tuple(cancelled)
 
+    def live(self, timeout: float = 10.0) -> tuple[str, ...]:
+        """The ids of the sessions whose actor is live now, sorted.
+
+        A top-level session stays live after its turn until it is passivated (see
+        ``[sessions]`` in docs/configuration.md); a child's actor goes when its turn ends. A
+        session that is not live is rebuilt from the store by its next turn.
+        """
+        if self._stopped:
+            raise RuntimeError("this runtime is stopped")
+        status: ContextStatus = self.context.ask(Inspect(), block=True, timeout=timeout)
+        return tuple(status.live)
+
     def _tell_context(self, message: Any) -> None:
         if self._stopped:
             raise RuntimeError("this runtime is stopped")
         self.context.tell(message)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every actor; every waiting caller is answered, and the store is left consistent.
+        """Stop every actor within ``timeout`` seconds; every waiting caller is answered, the
+        store is left consistent, and no thread or pykka registry entry of this runtime stays.
 
         Order matters: the scheduler first (no new turns), the Context next (it answers every
-        held turn ``CANCELLED``), then the sessions, then the model service (every request in
-        flight is cancelled and its connection closed), the port, and the store last, after it
-        has written what it was sent.
+        held turn ``CANCELLED``), then every session at once, then the model service (every
+        request in flight is cancelled and its connection closed), then the port, the store
+        (after it has written what it was sent) and the event bus at once, and last the
+        dispatcher's threads. A stage that overruns the deadline is logged, and the rest still
+        stops.
         """
         if self._stopped:
             return
         self._stopped = True
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         if SCHEDULER in self._refs:  # no new scheduled turn while the rest stops
-            self._refs[SCHEDULER].stop(timeout=timeout)
-        self._refs[CONTEXT].stop(timeout=timeout)
-        for address in self.directory.addresses():
-            if address.startswith("session:"):
-                ref = self.directory.get(address)
-                if isinstance(ref, pykka.ActorRef):
-                    ref.stop(timeout=timeout)
+            _await_stops("the scheduler", [self._refs[SCHEDULER].stop(block=False)], left())
+        _await_stops("the Context", [self._refs[CONTEXT].stop(block=False)], left())
+        sessions = _in_start_order(
+            ref
+            for address in self.directory.addresses()
+            if address.startswith("session:")
+            and isinstance(ref := self.directory.get(address), pykka.ActorRef)
+        )
+        _await_stops("sessions", [ref.stop(block=False) for ref in sessions], left())
         self.directory.unregister(MODEL, self.model_service)
-        self.model_service.stop(timeout=timeout)
+        self.model_service.stop(timeout=left())
         if self._owns_model:
             self.model.close()
-        for address in (PORT, STORE, EVENTS):
-            self._refs[address].stop(timeout=timeout)
+        rest = [self._refs[address].stop(block=False) for address in (PORT, STORE, EVENTS)]
+        stored = _await_stops("the port, the store and the event bus", rest, left())
+        if not self.dispatcher.shutdown(left()):
+            log.warning("loopd: the dispatcher's threads did not end within %s s", timeout)
         if self._log_filter is not None:
             for name in _LIBRARY_LOGGERS:
                 logging.getLogger(name).removeFilter(self._log_filter)
-        if self._home_lock is not None:  # last: the store has written what it was sent
-            self._home_lock.release()
+        if self._home_lock is not None:
+            if stored or not self._refs[STORE].is_alive():
+                self._home_lock.release()  # last: the store has written what it was sent
+            else:  # still writing: the lock stays until the process ends (the OS frees it)
+                log.warning("loopd: the store did not stop in time; its home stays locked")
 
     def __enter__(self) -> Runtime:
         return self

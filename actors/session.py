@@ -9,10 +9,9 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-import pykka
-
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory, session_address
 from actors.dispatch import Registry
+from actors.dispatcher import DispatchedActor, Dispatcher
 from actors.turn import (
     CallPort,
     CancelModel,
@@ -63,22 +62,25 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SessionEnv:
-    """What every session actor of a runtime shares: addresses, tools, limits, clock, ids."""
+    """What every session actor of a runtime shares: addresses, tools, limits, clock, ids, and
+    the dispatcher whose threads run them (and the Context)."""
 
     directory: Directory
     registry: Registry
     limits: Limits
     clock: Callable[[], datetime]
     request_ids: Iterator[int]
+    dispatcher: Dispatcher
 
 
-class SessionActor(pykka.ThreadingActor):
+class SessionActor(DispatchedActor):
     """One live session. It never waits on another actor: a turn waiting for the model, a tool
     or a child is just a state of its :class:`~actors.turn.Turn`, and answers arrive as
-    messages. It can be stopped at any idle moment and rebuilt from the store."""
+    messages. It can be stopped at any idle moment and rebuilt from the store. It runs on the
+    runtime's dispatcher, so it must never block: every handler only computes and tells."""
 
     def __init__(self, record: SessionRecord, env: SessionEnv, incarnation: int = 0) -> None:
-        super().__init__()
+        super().__init__(env.dispatcher)
         self.state = SessionState.from_record(record)
         self.env = env
         self.incarnation = incarnation  # tells the Context which actor of this id speaks

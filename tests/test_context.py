@@ -11,6 +11,7 @@ from actors import Config, Directory
 from actors.context import ContextActor
 from actors.directory import STORE
 from actors.dispatch import Registry
+from actors.dispatcher import Dispatcher
 from actors.memory import FileMemory
 from actors.session import SessionEnv
 from actors.testing import Probe
@@ -34,15 +35,16 @@ def harness(tmp_path):
     directory = Directory()
     store = Probe.start(name="fake-store")
     directory.register(STORE, store)
-    env = SessionEnv(
-        directory, Registry(), Limits(4, 100, 100, 10_000), lambda: NOW, itertools.count(1)
-    )
+    dispatcher = Dispatcher(2, name="test-context")
+    limits = Limits(4, 100, 100, 10_000)
+    env = SessionEnv(directory, Registry(), limits, lambda: NOW, itertools.count(1), dispatcher)
     config = Config(home=str(tmp_path))
     memory = FileMemory(tmp_path / "MEMORY.md")
     context = ContextActor.start(config, directory, Registry(), memory, env, lambda: NOW)
     yield directory, store, context
     context.stop()
     store.stop()
+    assert dispatcher.shutdown(10)
 
 
 def test_a_late_store_answer_does_not_touch_a_newer_turn(harness) -> None:
