@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,8 +16,9 @@ import pykka
 from actors.config import Config
 from actors.directory import CONTEXT, EVENTS, STORE, Directory, session_address
 from actors.dispatch import ArgumentError, Registry, child_id, descends_from
-from actors.dispatcher import DispatchedActor
+from actors.dispatcher import DispatchedActor, TimerHandle
 from actors.memory import MemorySource
+from actors.passivation import IdleSessions
 from actors.session import SessionActor, SessionEnv
 from actors.spawn import build_baseline, child_summary, child_text
 from messages import (
@@ -49,6 +50,7 @@ from messages import (
     SubagentFinished,
     SubagentRequest,
     SubagentStarted,
+    Tick,
     ToolDone,
     ToolResult,
     TurnCompleted,
@@ -57,9 +59,12 @@ from messages import (
     denial_message,
 )
 
-__all__ = ["ContextActor", "Hold", "HoldTable", "Live"]
+__all__ = ["SWEEP_MAX_S", "ContextActor", "Hold", "HoldTable", "Live"]
 
 log = logging.getLogger(__name__)
+
+SWEEP_MAX_S = 60.0
+"""The longest time between two looks for idle sessions (``sessions.idle_s`` if shorter)."""
 
 
 @dataclass
@@ -166,13 +171,17 @@ class ContextActor(DispatchedActor):
         self.clock = clock
         self.holds = HoldTable()
         self.live: dict[str, Live] = {}
-        self.timers: dict[str, threading.Timer] = {}
+        sessions = config.sessions
+        self.idle = IdleSessions(sessions.idle_s, sessions.max_live)
+        self.sweep: TimerHandle | None = None
+        self.timers: dict[str, TimerHandle] = {}
         self.incarnations = itertools.count(1)
         self.spawns = itertools.count(1)
         self.requests = itertools.count(1)
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
+        self._arm_sweep()
 
     def on_stop(self) -> None:
         self._shut_down("the runtime stopped")
@@ -187,6 +196,8 @@ class ContextActor(DispatchedActor):
 
     def _shut_down(self, detail: str) -> None:
         """Answer every held turn CANCELLED and tell every running one to stop working."""
+        if self.sweep is not None:
+            self.sweep.cancel()
         for timer in self.timers.values():
             timer.cancel()
         for hold in self.holds.drain():
@@ -244,6 +255,8 @@ class ContextActor(DispatchedActor):
             return self._cancel(message.session, FailReason.CANCELLED, message.detail)
         elif isinstance(message, ChildTimedOut):
             self._timed_out(message)
+        elif isinstance(message, Tick):
+            self._sweep(message)
         elif isinstance(message, Inspect):
             return ContextStatus(held=self.holds.held(), live=tuple(sorted(self.live)))
         else:
@@ -258,6 +271,7 @@ class ContextActor(DispatchedActor):
             detail = f"session {msg.session} is busy: another turn holds it"
             self.directory.tell(msg.reply_to, TurnFailed(msg.session, FailReason.BUSY, detail))
             return
+        self.idle.busy(msg.session)  # held: never passivated while its turn runs
         self._open(hold, self.config.slots.home_slot("main"))
 
     def _scheduled(self, msg: ScheduledTurn) -> None:
@@ -293,10 +307,8 @@ class ContextActor(DispatchedActor):
         self._emit(SubagentStarted(session=msg.parent, call_id=msg.call_id, child=child))
         timeout = self.config.loop.child_timeout_s
         if timeout is not None:
-            timer = threading.Timer(timeout, self.actor_ref.tell, [ChildTimedOut(child, spawn)])
-            timer.daemon = True
-            self.timers[child] = timer
-            timer.start()
+            message = ChildTimedOut(child, spawn)
+            self.timers[child] = self.dispatcher.call_later(timeout, lambda: self._tell_me(message))
         self._create_child(hold, msg.untrusted)
 
     def _deny(self, msg: SubagentRequest, text: str) -> None:
@@ -405,6 +417,8 @@ class ContextActor(DispatchedActor):
         # A new child's record holds its first message already: its turn asks the model at once.
         stored = hold.is_child and msg.created
         self._tell_live(hold, self._run_turn(hold, stored=stored))
+        for idle in self.idle.over_limit(len(self.live)):
+            self._passivate(idle, "sessions.max_live")
 
     def _tell_live(self, hold: Hold, message: Any) -> bool:
         """Tell ``message`` to the live actor running ``hold``; False if there is none.
@@ -443,6 +457,8 @@ class ContextActor(DispatchedActor):
                 live.ref.stop(block=False)
         self._release(msg.session)
         if hold.parent is None:
+            if msg.session in self.live:
+                self.idle.idle(msg.session, self.clock().timestamp())
             self.directory.tell(hold.reply_to, outcome)
             return
         try:
@@ -483,6 +499,7 @@ class ContextActor(DispatchedActor):
         live = self.live.get(session)
         if live is not None and live.incarnation == incarnation:
             del self.live[session]
+            self.idle.busy(session)
         hold = self.holds.get(session)
         if hold is None or hold.incarnation != incarnation:
             return None
@@ -520,6 +537,45 @@ class ContextActor(DispatchedActor):
                 text = f"Error: could not remember: {exc}"
         reply = ToolDone(msg.session, ToolResult(msg.call_id, text))
         self.directory.tell(session_address(msg.session), reply)
+
+    # Passivation: an idle session's actor stops; its next turn rebuilds it from the store.
+
+    def _arm_sweep(self) -> None:
+        """Have the dispatcher's timer tell us a Tick when the next look for idle sessions is
+        due (one timer pending at a time)."""
+        if self.idle.idle_s <= 0:
+            return
+        if self.sweep is not None:
+            self.sweep.cancel()
+        period = min(self.idle.idle_s, SWEEP_MAX_S)
+        self.sweep = self.dispatcher.call_later(period, lambda: self._tell_me(Tick()))
+
+    def _tell_me(self, message: Any) -> None:
+        """Tell ourselves ``message`` from a timer; nothing if we have stopped meanwhile."""
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(message)
+
+    def _sweep(self, tick: Tick) -> None:
+        """Passivate every session idle for ``sessions.idle_s`` at the tick's time (our clock's
+        time for a Tick without one, which is also what re-arms the timer)."""
+        now = tick.now if tick.now is not None else self.clock()
+        for session in self.idle.expired(now.timestamp()):
+            self._passivate(session, "sessions.idle_s")
+        if tick.now is None:
+            self._arm_sweep()
+
+    def _passivate(self, session: str, why: str) -> None:
+        """Stop ``session``'s idle actor. Everything of it is stored already (a turn ends only
+        after its last write is), and the store answers in order, so the next turn's
+        ``OpenSession`` reads it all back."""
+        live = self.live.pop(session, None)
+        if live is None or self.holds.get(session) is not None:
+            log.error("context: %s is not an idle live session; not passivated", session)
+            if live is not None:
+                self.live[session] = live
+            return
+        log.debug("context: passivating %s (%s)", session, why)
+        live.ref.stop(block=False)
 
     # Cancellation and time limits.
 

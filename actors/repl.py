@@ -123,7 +123,8 @@ class Helpers:
         """Print every stored session: id, slot, turns, untrusted, messages, and its state.
 
         STATE is ``held`` while a turn holds the id, ``live`` while its actor runs idle, ``-``
-        otherwise (a child's actor goes when its one turn ends; its stored session stays).
+        otherwise: only stored (a child's actor goes when its one turn ends; an idle top-level
+        session's is passivated after ``sessions.idle_s``; the next turn rebuilds it).
         """
         status = self.status()
         with SessionStore(self.rt.config.home_path / DB_NAME) as store:
@@ -157,6 +158,11 @@ class Helpers:
     def held(self) -> tuple[str, ...]:
         """The ids a running turn holds now (a user's turn or a subagent's), sorted."""
         return tuple(self.status().held)
+
+    def live(self) -> tuple[str, ...]:
+        """The ids whose session actor is live now (held or idle), sorted; the others are only
+        stored, and their next turn rebuilds them from the store."""
+        return self.rt.live(timeout=5)
 
     def show(self, session: str) -> None:
         """Print the stored transcript of ``session`` like ``loopd sessions show``: its counters
@@ -283,6 +289,7 @@ class Helpers:
             "ctx": self.rt.context,
             "sessions": self.sessions,
             "held": self.held,
+            "live": self.live,
             "turn": self.turn,
             "send": self.send,
             "tell": self.tell,
@@ -296,8 +303,9 @@ class Helpers:
 
 _HELP = [
     ("rt, ctx", "the Runtime and the Context's actor ref"),
-    ("sessions()", "stored sessions, each live / held / -"),
+    ("sessions()", "stored sessions, each held / live / - (stored only)"),
     ("held()", "the ids running turns hold"),
+    ("live()", "the ids with a live actor (the rest are only stored)"),
     ("turn(session, text)", "run a turn, its events printed live"),
     ("send(session, text)", "start a turn, don't wait"),
     ("tell(address, message)", 'tell an actor: "context", "demo" (= "session:demo")'),

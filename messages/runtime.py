@@ -229,7 +229,8 @@ class ScheduledTurn(Message, frozen=True):
 
 
 class Tick(Message, frozen=True):
-    """Wake the scheduler: run every job due at ``now`` (the scheduler's clock when None)."""
+    """Wake the scheduler (run every job due at ``now``) or the Context (passivate the sessions
+    idle at ``now``); the receiver's clock when None."""
 
     now: datetime | None = None
 

@@ -23,7 +23,7 @@ from actors.repl import resolve_address, run_repl
 
 PROMPT = ">>> "
 DEMO_TURN = 'turn("demo", "Plan a short walk for this afternoon.")'
-HELPERS = ("sessions()", "held()", "turn(", "send(", "tell(", "ask(", "show(", "tail(")
+HELPERS = ("sessions()", "held()", "live()", "turn(", "send(", "tell(", "ask(", "show(", "tail(")
 
 
 def event(session: str, what: str) -> str:
@@ -115,6 +115,7 @@ def test_sessions_held_ask_and_show_after_a_turn(repl: Any) -> None:
     assert all(r[2] == "1" for r in rows.values())
 
     assert run(repl, "held()").endswith("\n()\n")
+    assert run(repl, "live()").endswith("\n('demo',)\n")
     assert run(repl, 'ask("demo", Inspect()).turns').endswith("\n1\n")
     assert "ContextStatus(held=(), live=('demo',))" in run(repl, 'ask("context", Inspect())')
 
