@@ -18,7 +18,13 @@ This package is loopd's, but it imports nothing of loopd: only pykka and the sta
 """
 
 from actors.dispatcher._actor import DispatchedActor
-from actors.dispatcher._pool import DEFAULT_THROUGHPUT, Dispatcher, DispatcherClosed, TimerHandle
+from actors.dispatcher._pool import (
+    DEFAULT_THROUGHPUT,
+    Dispatcher,
+    DispatcherClosed,
+    TimerHandle,
+    default_threads,
+)
 
 __all__ = [
     "DEFAULT_THROUGHPUT",
@@ -26,4 +32,5 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosed",
     "TimerHandle",
+    "default_threads",
 ]

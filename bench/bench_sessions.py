@@ -1,0 +1,166 @@
+"""Many live sessions in one process: memory, threads, and a warm turn's latency as they grow.
+
+Run: python bench/bench_sessions.py [--sessions 100000] [--base 1000] [--home DIR]. It starts one
+runtime with passivation off (``sessions.idle_s = 0``, ``sessions.max_live = 0``), makes
+``--base`` sessions live (one turn each), measures a warm turn (a turn on a session whose actor
+is live) ``--samples`` times, grows to ``--sessions`` live sessions and measures again, then
+prints RSS, the thread count and both p50s with their ratio. The targets (issue 8) are RSS at
+most 2 GiB, at most ``runtime.threads`` + 32 threads, and p50 at the top at most 1.3 times p50 at
+the base. Nothing is asserted; docs/performance.md keeps the figures.
+
+The home defaults to a fresh folder under /dev/shm (tmpfs) when there is one: this measures the
+runtime, not the disk's fsync. Pass ``--home`` to measure on a disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from actors import Config, Runtime
+from actors.config import RuntimeConfig, SessionsConfig
+from actors.dispatcher import default_threads
+from actors.testing import ScriptedModel, reply
+from messages import TurnCompleted
+
+IN_FLIGHT = 256
+"""Turns started at once while growing: enough to keep every actor busy, few enough to keep
+the inboxes short."""
+
+
+def rss_mib() -> float:
+    """The resident set size now (Linux /proc), in MiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Completions:
+    """A mailbox at an address that counts turn outcomes and lets ``IN_FLIGHT`` run at once."""
+
+    def __init__(self) -> None:
+        self.slots = threading.Semaphore(IN_FLIGHT)
+        self.failed: list[Any] = []
+        self._lock = threading.Lock()
+        self._done = 0
+        self._all = threading.Condition(self._lock)
+
+    def tell(self, outcome: Any) -> None:
+        with self._lock:
+            self._done += 1
+            if not isinstance(outcome, TurnCompleted):
+                self.failed.append(outcome)
+            self._all.notify_all()
+        self.slots.release()
+
+    def wait_for(self, count: int, timeout: float) -> None:
+        with self._lock:
+            if not self._all.wait_for(lambda: self._done >= count, timeout):
+                raise TimeoutError(f"only {self._done} of {count} turns ended in {timeout} s")
+
+
+def grow(rt: Runtime, done: Completions, start: int, stop: int, expected: int) -> float:
+    """Make sessions ``s<start>`` .. ``s<stop - 1>`` live with one turn each; seconds taken."""
+    began = time.perf_counter()
+    for i in range(start, stop):
+        done.slots.acquire()
+        rt.send_turn(f"s{i}", "hello", reply_to="bench:done")
+        if i % 10_000 == 9_999:
+            print(f"  {i + 1} sessions started, RSS {rss_mib():.0f} MiB", flush=True)
+    done.wait_for(expected, timeout=3600)
+    if done.failed:
+        raise RuntimeError(f"{len(done.failed)} turns failed, first: {done.failed[0]!r}")
+    return time.perf_counter() - began
+
+
+def warm_p50(rt: Runtime, live: int, samples: int, rng: random.Random) -> float:
+    """The median time of one turn on a random live session, turns one after another."""
+    times = []
+    for _ in range(samples):
+        session = f"s{rng.randrange(live)}"
+        began = time.perf_counter()
+        outcome = rt.run_turn(session, "again", timeout=60)
+        times.append(time.perf_counter() - began)
+        assert isinstance(outcome, TurnCompleted), outcome
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=100_000, help="live sessions at the top")
+    parser.add_argument("--base", type=int, default=1_000, help="live sessions at the base")
+    parser.add_argument("--samples", type=int, default=300, help="warm turns timed at each size")
+    parser.add_argument("--threads", type=int, default=None, help="runtime.threads")
+    parser.add_argument("--home", default=None, help="the runtime's home (default: tmpfs)")
+    args = parser.parse_args()
+    if args.base > args.sessions:
+        parser.error("--base must not be larger than --sessions")
+
+    shm = Path("/dev/shm")
+    parent = None if args.home or not shm.is_dir() else str(shm)
+    with tempfile.TemporaryDirectory(prefix="loopd-bench-", dir=parent) as tmp:
+        home = args.home or tmp
+        config = Config(
+            home=home,
+            runtime=RuntimeConfig(threads=args.threads),
+            sessions=SessionsConfig(idle_s=0, max_live=0),  # passivation off
+        )
+        threads = args.threads or default_threads()
+        print(
+            f"bench_sessions: {args.sessions} live sessions (base {args.base}), "
+            f"runtime.threads {threads}, home {home}, {os.cpu_count()} CPUs, "
+            f"Python {sys.version.split()[0]}",
+            flush=True,
+        )
+        rng = random.Random(8)
+        rss_empty = rss_mib()
+        rt = Runtime.start(config, model=ScriptedModel(lambda request: reply("ok")))
+        done = Completions()
+        rt.directory.register("bench:done", done)
+        try:
+            grow(rt, done, 0, args.base, args.base)
+            warm_p50(rt, args.base, 20, rng)  # warm up the code paths
+            p50_base = warm_p50(rt, args.base, args.samples, rng)
+            rss_base = rss_mib()
+            took = grow(rt, done, args.base, args.sessions, args.sessions)
+            live = len(rt.live(timeout=60))
+            rss_top = rss_mib()
+            thread_count = threading.active_count()
+            warm_p50(rt, args.sessions, 20, rng)
+            p50_top = warm_p50(rt, args.sessions, args.samples, rng)
+        finally:
+            began = time.perf_counter()
+            rt.stop(timeout=600)
+            stop_s = time.perf_counter() - began
+        per_session_kib = (rss_top - rss_base) * 1024 / max(1, args.sessions - args.base)
+        grown = args.sessions - args.base
+        print(f"live sessions           {live}")
+        print(
+            f"RSS                     {rss_top:.0f} MiB (empty process {rss_empty:.0f} MiB, "
+            f"{per_session_kib:.1f} KiB per live session); target <= 2048 MiB"
+        )
+        print(f"threads                 {thread_count}; target <= {threads + 32}")
+        print(
+            f"warm turn p50           {p50_base * 1e3:.2f} ms at {args.base}, "
+            f"{p50_top * 1e3:.2f} ms at {args.sessions}: {p50_top / p50_base:.2f}x; "
+            f"target <= 1.3x"
+        )
+        print(
+            f"growing                 {grown} sessions in {took:.0f} s "
+            f"({grown / took:.0f} new sessions/s)"
+        )
+        print(f"stop                    {stop_s:.1f} s with {live} live sessions")
+
+
+if __name__ == "__main__":
+    main()
