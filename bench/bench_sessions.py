@@ -15,6 +15,7 @@ runtime, not the disk's fsync. Pass ``--home`` to measure on a disk.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import random
 import statistics
@@ -102,7 +103,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=300, help="warm turns timed at each size")
     parser.add_argument("--threads", type=int, default=None, help="runtime.threads")
     parser.add_argument("--home", default=None, help="the runtime's home (default: tmpfs)")
+    parser.add_argument(
+        "--max-s", type=float, default=1800, help="give up (exit 1, with tracebacks) after this"
+    )
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.max_s, exit=True)  # a bench run must end
     if args.base > args.sessions:
         parser.error("--base must not be larger than --sessions")
 
