@@ -319,6 +319,18 @@ def test_call_later_calls_once_and_cancel_prevents_it(dispatcher) -> None:
     assert calls == ["now", "later"]
 
 
+def test_an_actor_cannot_shut_down_its_own_dispatcher(dispatcher) -> None:
+    class Suicidal(DispatchedActor):
+        def on_receive(self, message: Any) -> Any:
+            return self.dispatcher.shutdown(1)
+
+    ref = Suicidal.start(dispatcher)
+    with pytest.raises(RuntimeError, match="from its own thread"):
+        ref.ask("go", timeout=WAIT)
+    assert ref.is_alive() and not dispatcher.closed
+    ref.stop()
+
+
 def test_a_dispatcher_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least 1 thread"):
         Dispatcher(0)

@@ -196,8 +196,11 @@ class Dispatcher:
         Each actor handles what it was sent before it stops (``on_stop`` runs). Whatever is
         not done after ``timeout`` seconds is given up: the actors left are marked stopped and
         removed from pykka's registry, and what they were sent is answered ``ActorDeadError``.
-        Returns True if every thread ended in time. Calling it again does no harm.
+        Returns True if every thread ended in time. Calling it again does no harm; calling it
+        from one of its actors (on its own thread) raises RuntimeError.
         """
+        if threading.current_thread() in self.threads:
+            raise RuntimeError(f"dispatcher {self.name} cannot be shut down from its own thread")
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
