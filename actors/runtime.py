@@ -371,7 +371,8 @@ class Runtime:
             if address.startswith("session:")
             and isinstance(ref := self.directory.get(address), pykka.ActorRef)
         )
-        _await_stops("sessions", [ref.stop(block=False) for ref in sessions], left())
+        if not self.dispatcher.stop_actors(sessions, left()):
+            log.warning("loopd: sessions did not stop within the stop's deadline")
         self.directory.unregister(MODEL, self.model_service)
         self.model_service.stop(timeout=left())
         if self._owns_model:

@@ -259,6 +259,31 @@ def test_the_registry_lists_an_actor_only_while_it_lives(dispatcher) -> None:
     assert dispatcher.actor_count() == 0
 
 
+def test_stop_actors_stops_them_together_after_what_they_were_sent(dispatcher) -> None:
+    refs = [Recorder.start(dispatcher) for _ in range(200)]
+    for ref in refs:
+        ref.tell("last words")
+    outsider = pykka.ThreadingActor.start()  # not on this dispatcher: left alone
+    assert dispatcher.stop_actors([*refs, outsider], timeout=WAIT)
+    for ref in refs:
+        assert not ref.is_alive()
+        assert (actor_of(ref).received, actor_of(ref).events[-1]) == (["last words"], "stop")
+    assert outsider.is_alive()
+    outsider.stop()
+    assert dispatcher.stop_actors(refs, timeout=WAIT)  # all stopped already: nothing to wait for
+    assert dispatcher.actor_count() == 0
+
+
+def test_stop_actors_says_when_its_time_ran_out() -> None:
+    dispatcher = Dispatcher(1, name="slow-stop")
+    [gate] = hold_every_thread(dispatcher, 1)
+    ref = Recorder.start(dispatcher)
+    assert dispatcher.stop_actors([ref], timeout=0.1) is False  # the gate holds the thread
+    gate.release.set()
+    assert actor_of(ref).stopped.wait(WAIT)  # the stop it was told still comes
+    assert dispatcher.shutdown(WAIT)
+
+
 def test_ten_thousand_actors_share_two_threads() -> None:
     before = set(threading.enumerate())
     dispatcher = Dispatcher(2, name="many")

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 from pykka import ActorDeadError, ActorRegistry, ThreadingFuture
+from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
 from actors.dispatcher._pool import Dispatcher, DispatcherClosed
 
 if TYPE_CHECKING:
     from pykka._actor import ActorInbox
-    from pykka._envelope import Envelope
 
 __all__ = ["DispatchedActor"]
 
@@ -169,6 +169,13 @@ class _Mailbox:
             return self._actor.actor_ref.stop(block=False)
         except ActorDeadError:
             return None
+
+    def tell_stop(self) -> bool:
+        assert self._actor is not None
+        if not self._actor.actor_ref.is_alive():
+            return False
+        self.put(Envelope(_ActorStop()))
+        return True
 
     def abandon(self) -> None:
         assert self._actor is not None

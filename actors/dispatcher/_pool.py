@@ -9,8 +9,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, cast
 
 import pykka
 
@@ -43,6 +43,9 @@ class Runnable(Protocol):
 
     def stop_actor(self) -> pykka.Future[bool] | None:
         """Ask the actor to stop, after the messages it has already been sent."""
+
+    def tell_stop(self) -> bool:
+        """Tell the actor to stop, with no answer; False if it has stopped already."""
 
     def abandon(self) -> None:
         """Give up on an actor that did not stop in time: refuse what it was sent."""
@@ -89,6 +92,8 @@ class Dispatcher:
         # A dict for its order: stopping in start order finds each actor near the front of
         # pykka's registry (a list), so stopping n actors costs O(n), not O(n**2).
         self._mailboxes: dict[Runnable, None] = {}
+        self._stopped = threading.Condition(self._lock)
+        self._awaited: list[set[Runnable]] = []  # one set per stop_actors call waiting
         self._closed = False
         self._timers: list[tuple[float, int, TimerHandle]] = []
         self._timer_seq = itertools.count()
@@ -130,6 +135,10 @@ class Dispatcher:
         """``mailbox``'s actor has stopped."""
         with self._lock:
             self._mailboxes.pop(mailbox, None)
+            for awaited in self._awaited:
+                awaited.discard(mailbox)
+                if not awaited:
+                    self._stopped.notify_all()
 
     def execute(self, mailbox: Runnable) -> None:
         """Queue ``mailbox`` for a thread (its owner makes sure it is queued once at a time)."""
@@ -187,6 +196,32 @@ class Dispatcher:
                     log.exception("dispatcher %s: a timer callback failed", self.name)
                 finally:
                     self._timer_cond.acquire()
+
+    def stop_actors(self, refs: Iterable[pykka.ActorRef[Any]], timeout: float | None) -> bool:
+        """Stop the actors of ``refs`` (all on this dispatcher) together, and wait until each
+        has stopped (its ``on_stop`` has run) or ``timeout`` has passed; True if all did.
+
+        It does what ``ref.stop(block=False)`` on each and a wait on every future does, without
+        two futures per actor: that matters when a runtime stops 100,000 of them. Refs in the
+        order the actors started stop fastest (see the note on ``_mailboxes``).
+        """
+        awaited: set[Runnable] = set()
+        mailboxes: list[Runnable] = []
+        with self._lock:
+            for ref in refs:
+                mailbox = cast(Runnable, ref.actor_inbox)
+                if mailbox in self._mailboxes:  # else stopped already, or not one of ours
+                    awaited.add(mailbox)
+                    mailboxes.append(mailbox)
+            self._awaited.append(awaited)
+        try:
+            for mailbox in mailboxes:
+                mailbox.tell_stop()
+            with self._lock:
+                return self._stopped.wait_for(lambda: not awaited, timeout)
+        finally:
+            with self._lock:
+                self._awaited.remove(awaited)
 
     # The end.
 
