@@ -17,6 +17,7 @@ from actors import Config, Directory, ToolOutput, port_tool
 from actors.context import ContextActor
 from actors.directory import MODEL, STORE, session_address
 from actors.dispatch import Registry
+from actors.dispatcher import Dispatcher
 from actors.memory import FileMemory
 from actors.session import SessionEnv
 from actors.store import DB_NAME, SessionStore
@@ -53,9 +54,9 @@ def harness(tmp_path):
     directory.register(STORE, store)
     directory.register(MODEL, model)
     directory.register(session_address("p"), parent)
-    env = SessionEnv(
-        directory, Registry(), Limits(4, 100, 100, 10_000), lambda: NOW, itertools.count(1)
-    )
+    dispatcher = Dispatcher(2, name="test-children")
+    limits = Limits(4, 100, 100, 10_000)
+    env = SessionEnv(directory, Registry(), limits, lambda: NOW, itertools.count(1), dispatcher)
     memory = FileMemory(tmp_path / "MEMORY.md")
     context = ContextActor.start(
         Config(home=str(tmp_path)), directory, Registry(), memory, env, lambda: NOW
@@ -68,6 +69,7 @@ def harness(tmp_path):
             ref.stop()
     for probe in (store, model, parent):
         probe.stop()
+    assert dispatcher.shutdown(WAIT)
 
 
 @pytest.mark.parametrize("untrusted", [False, True])

@@ -88,7 +88,7 @@ def start(tmp_path) -> Iterator[Callable[..., tuple[Runtime, ScriptedModel]]]:
     def start_runtime(
         script: Any, *, clock: Clock | None = None, tools: Any = None, **sessions: Any
     ) -> tuple[Runtime, ScriptedModel]:
-        config = Config(home=str(tmp_path / "home"))
+        config = Config(home=str(tmp_path / f"home{len(started)}"))  # one runtime per home
         config = config.replace(sessions=msgspec.structs.replace(config.sessions, **sessions))
         model = ScriptedModel(script)
         rt = Runtime.start(config, model=model, tools=tools, clock=clock or Clock())
