@@ -33,12 +33,26 @@ from typing import Any
 from actors import Config, Runtime
 from actors.config import RuntimeConfig, SessionsConfig
 from actors.dispatcher import default_threads
-from actors.testing import ScriptedModel, reply
-from messages import TurnCompleted
+from messages import ModelAnswer, ModelRequest, TurnCompleted
 
 IN_FLIGHT = 256
 """Turns started at once while growing: enough to keep every actor busy, few enough to keep
 the inboxes short."""
+
+
+class InstantModel:
+    """An in-process model that answers "ok" at once, as a coroutine on the model service's
+    loop, the way the HTTP client runs: no thread per request (a sync model such as the test
+    kit's ``ScriptedModel`` runs on up to ``model.concurrency`` threads of its own)."""
+
+    async def acomplete(self, request: ModelRequest) -> ModelAnswer:
+        return ModelAnswer(request.session, request.request_id, "ok")
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def rss_mib() -> float:
@@ -109,7 +123,7 @@ def start_runtime(home: str, threads: int | None) -> tuple[Runtime, Completions]
         runtime=RuntimeConfig(threads=threads),
         sessions=SessionsConfig(idle_s=0, max_live=0),  # passivation off
     )
-    rt = Runtime.start(config, model=ScriptedModel(lambda request: reply("ok")))
+    rt = Runtime.start(config, model=InstantModel())
     done = Completions()
     rt.directory.register("bench:done", done)
     return rt, done
