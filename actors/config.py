@@ -21,6 +21,7 @@ from actors.text import redact
 from messages import SlotPool, check_top_level_session
 
 __all__ = [
+    "ClusterConfig",
     "CompactConfig",
     "Config",
     "ConfigError",
@@ -34,6 +35,7 @@ __all__ = [
     "SessionsConfig",
     "SlotPool",
     "SlotsConfig",
+    "StoreConfig",
     "check_base_url",
     "check_wait",
 ]
@@ -450,6 +452,43 @@ def _check_top_level(session: str, key: str) -> None:
         raise ConfigError(f"{key}: {exc}") from None
 
 
+class StoreConfig(_Section, frozen=True):
+    """``[store]``: where sessions are stored; none: the SQLite file ``<home>/loopd.db``."""
+
+    _key: ClassVar[str] = "store"
+
+    url: str | None = None
+    """A PostgreSQL url (``postgresql://user@host/db``) shared by every process; none: SQLite."""
+    connect_timeout_s: Annotated[float, Meta(gt=0)] = 5.0
+    """Seconds a (re)connect to PostgreSQL may take before the request fails ``store_error``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.url is not None and not self.url.startswith(("postgresql://", "postgres://")):
+            shown = redact(self.url)[:40]
+            raise ConfigError(f"store.url must start with postgresql:// (got {shown!r})")
+
+
+class ClusterConfig(_Section, frozen=True):
+    """``[cluster]``: run sessions on shard actors of a Ray cluster (needs ``[store] url``)."""
+
+    _key: ClassVar[str] = "cluster"
+
+    engine: str = "none"
+    """``"ray"``: host the runtime on Ray shard actors; ``"none"``: this process alone."""
+    address: str = "local"
+    """The Ray address to join (``ray://host:10001``, ``auto``), or ``"local"`` to start one."""
+    shards: Annotated[int, Meta(ge=1, le=1024)] = 2
+    """How many shard actors host sessions; a session family lives on one, by its top id."""
+    max_restarts: Annotated[int, Meta(ge=-1)] = 16
+    """How many times Ray restarts a shard whose process died (-1: without limit)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.engine not in ("none", "ray"):
+            raise ConfigError(f"cluster.engine must be 'none' or 'ray', not {self.engine!r}")
+
+
 def _default_home() -> str:
     return str(Path("~/.loopd").expanduser())
 
@@ -471,6 +510,8 @@ class Config(_Section, frozen=True):
     """``[[cron]]`` jobs."""
     heartbeat: HeartbeatConfig | None = None
     """``[heartbeat]``, if any."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.
@@ -487,6 +528,10 @@ class Config(_Section, frozen=True):
             raise ConfigError(f"home {home!r}: {exc}") from None
         msgspec.structs.force_setattr(self, "home", str(expanded))
         super().__post_init__()
+        if self.cluster.engine != "none" and self.store.url is None:
+            raise ConfigError(
+                "cluster.engine needs a shared store: set store.url to a PostgreSQL url"
+            )
 
     @property
     def home_path(self) -> Path:

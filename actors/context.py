@@ -35,6 +35,7 @@ from messages import (
     JobSkipped,
     MemoryWarning,
     OpenSession,
+    ReleaseSession,
     Remember,
     RunTurn,
     ScheduledTurn,
@@ -386,6 +387,8 @@ class ContextActor(DispatchedActor):
             # A child id whose record its parent did not create is a failed spawn, not a
             # broken store: the record is left as it is and nothing of it is used.
             reason = FailReason.SPAWN_ERROR if msg.taken else FailReason.STORE_ERROR
+            if msg.held_elsewhere:  # another process runs it (a shared store's lock)
+                reason = FailReason.BUSY
             self._answer_failure(hold, reason, msg.detail)
             return
         try:
@@ -455,6 +458,7 @@ class ContextActor(DispatchedActor):
             live = self.live.pop(msg.session, None)
             if live is not None:
                 live.ref.stop(block=False)
+            self.directory.tell(STORE, ReleaseSession(msg.session))
         self._release(msg.session)
         if hold.parent is None:
             if msg.session in self.live:
@@ -500,6 +504,7 @@ class ContextActor(DispatchedActor):
         if live is not None and live.incarnation == incarnation:
             del self.live[session]
             self.idle.busy(session)
+            self.directory.tell(STORE, ReleaseSession(session))
         hold = self.holds.get(session)
         if hold is None or hold.incarnation != incarnation:
             return None
@@ -576,6 +581,8 @@ class ContextActor(DispatchedActor):
             return
         log.debug("context: passivating %s (%s)", session, why)
         live.ref.stop(block=False)
+        # A shared store may now let another process run it (its lock goes).
+        self.directory.tell(STORE, ReleaseSession(session))
 
     # Cancellation and time limits.
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pykka
 
+from actors.backend import open_store
 from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
@@ -29,7 +30,7 @@ from actors.pool import PortRouter
 from actors.port import PortTool, port_error, port_handler, port_timeout
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
-from actors.store import DB_NAME, SessionStore, StoreActor
+from actors.store import StoreActor
 from actors.text import RedactFilter, redact
 from actors.turn import Limits
 from messages import (
@@ -189,7 +190,7 @@ class Runtime:
         clock: Callable[[], datetime],
     ) -> Runtime:
         # Open the store once here so a bad file fails the start, not every later turn.
-        SessionStore(config.home_path / DB_NAME).close()
+        open_store(config).close()
         # Every child of one answer must be able to wait for the model at once.
         concurrency = max(config.model.concurrency, config.loop.max_children)
         model_config = msgspec.structs.replace(config.model, concurrency=concurrency)
@@ -228,7 +229,7 @@ class Runtime:
         )
         try:
             refs[EVENTS] = EventBus.start(subscribers)
-            refs[STORE] = StoreActor.start(config.home_path / DB_NAME, directory)
+            refs[STORE] = StoreActor.start(lambda: open_store(config), directory)
             service.start()
             directory.register(MODEL, service)
             refs[PORT] = PortRouter.start(

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
+from actors.backend import StoreBackend
 from actors.directory import Directory
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
@@ -49,6 +50,7 @@ from messages.runtime import (
     CompactHistory,
     CreateChild,
     OpenSession,
+    ReleaseSession,
     SessionLoaded,
     SessionRecord,
     StoreFailed,
@@ -120,6 +122,9 @@ class StoreError(Exception):
     ``session`` is the session concerned (or None for the store as a whole) and ``detail`` what
     went wrong.
     """
+
+    held_elsewhere = False
+    """True for a session another process runs (a shared store's per-session lock)."""
 
     def __init__(self, session: str | None, detail: str) -> None:
         # Both go into args so the exception pickles and copies with the same text.
@@ -694,6 +699,9 @@ class SessionStore:
         found = [(m, r[0]) for r in rows if (m := pattern.fullmatch(r[0])) is not None]
         return [child for m, child in sorted(found, key=lambda f: (int(f[0][1]), f[1]))]
 
+    def release(self, id: str) -> None:
+        """Nothing to do: one runtime owns a SQLite store's home (its home lock)."""
+
     def close(self) -> None:
         """Close the database; later calls raise :class:`StoreError`. Safe to call twice."""
         with self._lock:
@@ -861,22 +869,28 @@ class StoreActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> _Inbox:
         return _Inbox()
 
-    def __init__(self, path: str | Path, directory: Directory) -> None:
-        """``path`` is the database file (``<home>/loopd.db``); ``directory`` finds replies."""
+    def __init__(self, path: str | Path | Callable[[], StoreBackend], directory: Directory) -> None:
+        """``path`` is the database file (``<home>/loopd.db``), or a function that opens
+        another backend (PostgreSQL); ``directory`` finds replies."""
         super().__init__()
-        self.path = Path(path)
+        if callable(path):
+            self.opener: Callable[[], StoreBackend] = path
+            self.path = Path()
+        else:
+            self.path = Path(path)
+            self.opener = lambda: SessionStore(self.path)
         self.directory = directory
-        self.store: SessionStore | None = None
+        self.store: StoreBackend | None = None
         self.open_error: str | None = None
 
     def on_start(self) -> None:
         """Open the store on the actor's own thread, which then owns its connection."""
         try:
-            self.store = SessionStore(self.path)
+            self.store = self.opener()
         except Exception as exc:
             # Stay up and answer StoreFailed: a dead actor would leave every requester hanging.
             self.open_error = str(exc)
-            log.error("store actor could not open %s: %s", self.path, exc)
+            log.error("store actor could not open its store: %s", exc)
 
     def on_stop(self) -> None:
         """Close the store; every committed request is already durable."""
@@ -886,6 +900,10 @@ class StoreActor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> Any:
         """Handle a store request, and those waiting behind it, and tell each its answer."""
+        if isinstance(message, ReleaseSession):
+            if self.store is not None:
+                self.store.release(message.session)
+            return None
         if not isinstance(message, _REQUESTS):
             log.warning("store actor ignores unknown message %s", type(message).__name__)
             return None
@@ -909,7 +927,7 @@ class StoreActor(pykka.ThreadingActor):
         ]
 
     @staticmethod
-    def _job(store: SessionStore, msg: StoreRequest) -> Callable[[sqlite3.Cursor], Any]:
+    def _job(store: StoreBackend, msg: StoreRequest) -> Callable[[Any], Any]:
         """The work of ``msg`` inside a transaction; returns what :meth:`_reply` answers."""
         if isinstance(msg, AppendMessages):
             return lambda cur: store.append_in(
@@ -949,6 +967,7 @@ class StoreActor(pykka.ThreadingActor):
                     exists=isinstance(result, SessionExists),
                     missing=isinstance(result, SessionNotFound),
                     taken=isinstance(result, SessionTaken),
+                    held_elsewhere=isinstance(result, StoreError) and result.held_elsewhere,
                 )
             return failed
         if isinstance(msg, OpenSession | CreateChild):

@@ -24,6 +24,7 @@ __all__ = [
     "Inspect",
     "OpenSession",
     "PortCall",
+    "ReleaseSession",
     "Remember",
     "RunTurn",
     "ScheduledTurn",
@@ -104,7 +105,8 @@ class SessionLoaded(Message, frozen=True):
 class StoreFailed(Message, frozen=True):
     """A store operation on ``session`` failed; ``exists`` for a create of a known id,
     ``missing`` for an open (without a baseline) of an unknown one, ``taken`` for a
-    :class:`CreateChild` whose id holds a record that parent's spawn did not create."""
+    :class:`CreateChild` whose id holds a record that parent's spawn did not create,
+    ``held_elsewhere`` for a session another process runs (a shared PostgreSQL store)."""
 
     session: SessionId
     detail: str
@@ -112,6 +114,14 @@ class StoreFailed(Message, frozen=True):
     request_id: int = 0
     missing: bool = False
     taken: bool = False
+    held_elsewhere: bool = False
+
+
+class ReleaseSession(Message, frozen=True):
+    """The Context is done with ``session`` (its actor stopped): the store may let another
+    process take it. Nothing answers; a store that has no per-session lock ignores it."""
+
+    session: SessionId
 
 
 class AppendMessages(Message, frozen=True):

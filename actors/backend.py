@@ -1,0 +1,107 @@
+"""What the store actor needs of a session store, whichever database holds it.
+
+:class:`StoreBackend` is the protocol both stores implement: the SQLite file in ``home``
+(:class:`~actors.store.SessionStore`, the default) and PostgreSQL
+(:class:`~actors.pgstore.PgSessionStore`, chosen by ``[store] url``). The ``*_in`` methods run
+inside a transaction that :meth:`StoreBackend.run_batch` opened; their ``cur`` is that
+backend's own cursor, opaque to everyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from messages.chat import Baseline, ChatMessage
+from messages.runtime import SessionRecord
+
+if TYPE_CHECKING:
+    from actors.config import Config
+
+__all__ = ["StoreBackend", "open_store"]
+
+_T = TypeVar("_T")
+
+
+class StoreBackend(Protocol):
+    """A session store: one transaction per batch of jobs, durable when a batch returns."""
+
+    def run_batch(self, jobs: Sequence[tuple[str, Callable[[Any], _T]]]) -> list[_T | Exception]:
+        """Run ``(session, job)`` pairs in one transaction; each result or error, in order."""
+        ...
+
+    def create_in(self, cur: Any, id: str, baseline: Baseline, slot: int) -> SessionRecord:
+        """Store a new session; ``SessionExists`` for a stored id."""
+        ...
+
+    def create_child_in(
+        self,
+        cur: Any,
+        id: str,
+        parent: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        untrusted: bool,
+        first: ChatMessage,
+    ) -> tuple[SessionRecord, bool]:
+        """Create (or reopen) child ``id`` of ``parent``; True if it is new."""
+        ...
+
+    def open_in(self, cur: Any, id: str) -> SessionRecord:
+        """Read a stored session back; ``SessionNotFound`` if it is not stored."""
+        ...
+
+    def open_or_create_in(
+        self, cur: Any, id: str, baseline: Baseline, slot: int
+    ) -> tuple[SessionRecord, bool]:
+        """Open ``id`` or create it; True when it was created."""
+        ...
+
+    def append_in(
+        self,
+        cur: Any,
+        id: str,
+        messages: Sequence[ChatMessage],
+        *,
+        turns: int,
+        next_call_id: int,
+        untrusted: bool,
+    ) -> None:
+        """Append messages and save the counters of ``id``."""
+        ...
+
+    def compact_in(self, cur: Any, id: str, summary: ChatMessage) -> None:
+        """Replace ``id``'s live history by ``summary``."""
+        ...
+
+    def release(self, id: str) -> None:
+        """This process no longer runs ``id``: let another one take it (a no-op for SQLite)."""
+        ...
+
+    def close(self) -> None:
+        """Close the store; later calls raise ``StoreError``."""
+        ...
+
+
+def open_store(config: Config) -> StoreBackend:
+    """The store ``config`` names: PostgreSQL at ``[store] url``, or ``<home>/loopd.db``.
+
+    Raises :class:`~actors.store.StoreError` if it cannot be opened.
+    """
+    if config.store.url is not None:
+        try:
+            from actors.pgstore import PgSessionStore
+        except ImportError as exc:
+            from actors.store import StoreError
+
+            raise StoreError(
+                None,
+                f"[store] url names PostgreSQL but psycopg is missing ({exc}): "
+                "pip install 'loopd[postgres]'",
+            ) from exc
+
+        return PgSessionStore(config.store.url, connect_timeout_s=config.store.connect_timeout_s)
+    from actors.store import DB_NAME, SessionStore
+
+    return SessionStore(config.home_path / DB_NAME)

@@ -1,0 +1,648 @@
+"""The session store in PostgreSQL, for runtimes on several processes or machines (issue 13).
+
+:class:`PgSessionStore` keeps what :class:`~actors.store.SessionStore` keeps (baselines stored
+once, messages never deleted, ``parent`` per child, counters) in tables named ``loopd_*`` of
+the database at ``[store] url``, through psycopg 3, and answers the same calls with the same
+errors, so the :class:`~actors.store.StoreActor` drives either one.
+
+Durability: every transaction is committed before a call returns, with the server's
+``synchronous_commit`` (on by default), so "appended" means on the server's disk.
+
+One runner per session: the first time this store opens or creates a session it takes a
+session-level advisory lock named by the session id on its connection, and keeps it until
+:meth:`PgSessionStore.release` (the Context is done with the session) or until the connection
+ends. A process that dies loses its connection, so its locks go with it. Another process that
+asks for a session whose lock is taken is refused with :class:`SessionHeldElsewhere`.
+
+A lost connection (the server stopped, restarted or unreachable) fails the request at hand with
+a :class:`~actors.store.StoreError`; the next request connects again (within
+``connect_timeout_s``) and takes back the locks this store held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import msgspec
+import psycopg  # the loopd[postgres] extra; open_store explains a missing one
+
+from actors.store import (
+    SessionExists,
+    SessionInfo,
+    SessionNotFound,
+    SessionTaken,
+    StoredMessage,
+    StoreError,
+    baseline_hash,
+)
+from messages.chat import Baseline, ChatMessage
+from messages.ids import check_session_id
+from messages.runtime import SessionRecord
+
+__all__ = ["PG_SCHEMA_VERSION", "PgSessionStore", "SessionHeldElsewhere", "lock_key", "redact"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+PG_SCHEMA_VERSION = 1
+"""The schema this module writes, kept in ``loopd_meta``."""
+
+_SCHEMA_LOCK = 0x6C6F6F7064  # "loopd": one migration at a time across processes
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS loopd_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS loopd_baselines (hash TEXT PRIMARY KEY, body BYTEA NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS loopd_sessions (
+        id           TEXT PRIMARY KEY,
+        baseline     TEXT NOT NULL REFERENCES loopd_baselines(hash),
+        parent       TEXT,
+        slot         INTEGER NOT NULL,
+        turns        INTEGER NOT NULL DEFAULT 0,
+        next_call_id BIGINT NOT NULL DEFAULT 1 CHECK (next_call_id >= 1),
+        untrusted    BOOLEAN NOT NULL DEFAULT FALSE,
+        created_at   TEXT NOT NULL,
+        updated_at   TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS loopd_messages (
+        session   TEXT NOT NULL REFERENCES loopd_sessions(id),
+        seq       INTEGER NOT NULL CHECK (seq >= 1),
+        body      BYTEA NOT NULL,
+        compacted BOOLEAN NOT NULL DEFAULT FALSE,
+        at        TEXT NOT NULL,
+        PRIMARY KEY (session, seq))""",
+    """CREATE TABLE IF NOT EXISTS loopd_memory (
+        seq  BIGSERIAL PRIMARY KEY,
+        text TEXT NOT NULL,
+        at   TEXT NOT NULL)""",
+    "CREATE TABLE IF NOT EXISTS loopd_scheduler (job TEXT PRIMARY KEY, last_run TEXT NOT NULL)",
+)
+
+_ENCODER = msgspec.json.Encoder()
+_BASELINE = msgspec.json.Decoder(Baseline)
+_MESSAGE = msgspec.json.Decoder(ChatMessage)
+_BASELINE_CACHE = 64
+
+
+class SessionHeldElsewhere(StoreError):
+    """Another process runs this session (it holds the session's advisory lock)."""
+
+    held_elsewhere = True
+
+    def __init__(self, session: str) -> None:
+        super().__init__(
+            session,
+            "another loopd process holds it (its advisory lock is taken); a session is run by "
+            "one process at a time",
+        )
+
+
+def lock_key(session: str) -> int:
+    """The advisory lock key of ``session``: 64 bits of SHA-256, as a signed bigint."""
+    digest = hashlib.sha256(b"loopd-session:" + session.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for errors and logs."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _now() -> str:
+    from actors.store import _now as now  # one clock format for both stores
+
+    return now()
+
+
+class PgSessionStore:
+    """Sessions in PostgreSQL: the same calls and errors as :class:`~actors.store.SessionStore`.
+
+    One connection, owned by the thread that calls (the store actor's); a lock serialises the
+    occasional call from another thread. Ids are only ever SQL parameters.
+    """
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
+        """Connect to ``url`` and create the ``loopd_*`` tables if they are missing.
+
+        Raises :class:`StoreError` naming the (password-free) url if the server cannot be
+        reached or the database holds a newer loopd schema.
+        """
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        self._locked: set[str] = set()
+        self._baselines: OrderedDict[str, Baseline] = OrderedDict()
+        with self._lock:
+            conn = self._connect(None, "open the store")
+            try:
+                self._migrate(conn)
+            except psycopg.Error as exc:
+                conn.close()
+                raise StoreError(None, f"cannot open the store at {redact(url)}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"PgSessionStore({redact(self.url)!r})"
+
+    # Connection and transactions.
+
+    def _connect(self, session: str | None, action: str) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError(session, f"cannot {action}: the store is closed")
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        try:
+            conn = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=max(1, round(self.connect_timeout_s)),
+                # Keepalives: a server that vanished without closing the socket is noticed.
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+            )
+        except psycopg.Error as exc:
+            raise StoreError(
+                session, f"cannot {action}: cannot reach PostgreSQL at {redact(self.url)}: {exc}"
+            ) from exc
+        self._conn = conn
+        self._relock(conn)
+        return conn
+
+    def _relock(self, conn: psycopg.Connection[Any]) -> None:
+        """Take back the locks of a connection that ended: the sessions are still ours."""
+        for session in sorted(self._locked):
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(session),)).fetchone()
+            if row is None or not row[0]:
+                log.warning("store: lost session %s to another process after a reconnect", session)
+                self._locked.discard(session)
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO loopd_meta (key, value) VALUES ('schema', %s)",
+                    (str(PG_SCHEMA_VERSION),),
+                )
+            elif int(row[0]) > PG_SCHEMA_VERSION:
+                raise StoreError(
+                    None,
+                    f"the store at {redact(self.url)} has schema version {row[0]}; this loopd "
+                    f"reads version {PG_SCHEMA_VERSION} (upgrade loopd)",
+                )
+
+    def _failure(self, session: str | None, action: str, exc: Exception) -> StoreError:
+        if isinstance(exc, StoreError):
+            return exc
+        return StoreError(session, f"cannot {action}: {type(exc).__name__}: {exc}".strip())
+
+    @contextmanager
+    def _transaction(self, session: str, action: str) -> Iterator[psycopg.Cursor[Any]]:
+        """One transaction; a database error becomes a StoreError naming session and action."""
+        with self._lock:
+            conn = self._connect(session, action)
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    yield cur
+            except psycopg.Error as exc:
+                raise self._failure(session, action, exc) from exc
+
+    def run_batch(self, jobs: Sequence[tuple[str, Callable[[Any], _T]]]) -> list[_T | Exception]:
+        """Run every job in one transaction, each in a savepoint; results once committed.
+
+        As :meth:`actors.store.SessionStore.run_batch`: a job that fails is rolled back alone;
+        if the transaction itself fails every job runs again alone, so each gets the answer it
+        would have had by itself (a server that is gone answers each with a StoreError).
+        """
+        with self._lock:
+            try:
+                conn = self._connect(None, "write")
+            except StoreError as exc:
+                return [StoreError(session, exc.detail) for session, _ in jobs]
+            results: list[_T | Exception] = []
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    for session, job in jobs:
+                        results.append(self._savepoint(conn, cur, session, job))
+                return results
+            except psycopg.Error as exc:
+                log.warning("store: a batch of %d failed: %s", len(jobs), exc)
+            return [self._alone(session, job) for session, job in jobs]
+
+    def _savepoint(
+        self,
+        conn: psycopg.Connection[Any],
+        cur: psycopg.Cursor[Any],
+        session: str,
+        job: Callable[[Any], _T],
+    ) -> _T | Exception:
+        try:
+            with conn.transaction():
+                return job(cur)
+        except psycopg.OperationalError:
+            raise  # the connection is gone: the whole batch is retried alone
+        except psycopg.Error as exc:
+            return self._failure(session, "write", exc)
+        except Exception as exc:
+            return exc
+
+    def _alone(self, session: str, job: Callable[[Any], _T]) -> _T | Exception:
+        try:
+            with self._transaction(session, "write") as cur:
+                return job(cur)
+        except Exception as exc:
+            return exc
+
+    # Advisory locks.
+
+    def _take(self, cur: psycopg.Cursor[Any], id: str) -> None:
+        """Hold ``id`` for this process, or raise :class:`SessionHeldElsewhere`."""
+        if id in self._locked:
+            return
+        row = cur.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(id),)).fetchone()
+        if row is None or not row[0]:
+            raise SessionHeldElsewhere(id)
+        self._locked.add(id)
+
+    def release(self, id: str) -> None:
+        """Let another process run ``id``: drop its advisory lock (if this store holds it)."""
+        with self._lock:
+            if id not in self._locked:
+                return
+            self._locked.discard(id)
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                return  # the lock ended with its connection
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(id),))
+            except psycopg.Error as exc:
+                log.warning("store: cannot release session %s: %s", id, exc)
+
+    def held(self) -> tuple[str, ...]:
+        """The sessions this store holds the lock of, sorted."""
+        with self._lock:
+            return tuple(sorted(self._locked))
+
+    # The calls of SessionStore.
+
+    def create(self, id: str, baseline: Baseline, slot: int) -> SessionRecord:
+        """Store a new session; :class:`SessionExists` for a stored id."""
+        check_session_id(id)
+        with self._transaction(id, "create") as cur:
+            return self.create_in(cur, id, baseline, slot)
+
+    def create_in(self, cur: Any, id: str, baseline: Baseline, slot: int) -> SessionRecord:
+        """:meth:`create` inside the caller's transaction."""
+        check_session_id(id)
+        self._take(cur, id)
+        if self._row(cur, id) is not None:
+            raise SessionExists(id)
+        self._insert(cur, id, baseline, slot)
+        return self._record(cur, id)
+
+    def create_child(
+        self,
+        id: str,
+        parent: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        untrusted: bool,
+        first: ChatMessage,
+    ) -> tuple[SessionRecord, bool]:
+        """Store child ``id`` of ``parent`` with ``first``; True if it is new."""
+        with self._transaction(id, "create the child") as cur:
+            return self.create_child_in(
+                cur, id, parent, baseline, slot, untrusted=untrusted, first=first
+            )
+
+    def create_child_in(
+        self,
+        cur: Any,
+        id: str,
+        parent: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        untrusted: bool,
+        first: ChatMessage,
+    ) -> tuple[SessionRecord, bool]:
+        """As :meth:`actors.store.SessionStore.create_child_in`: a record some other way made
+        raises :class:`SessionTaken`; a new child holds ``first`` and one turn."""
+        check_session_id(id)
+        self._take(cur, id)
+        row = cur.execute("SELECT parent FROM loopd_sessions WHERE id = %s", (id,)).fetchone()
+        if row is not None:
+            if row[0] != parent:
+                raise SessionTaken(id, parent)
+            if untrusted:
+                cur.execute("UPDATE loopd_sessions SET untrusted = TRUE WHERE id = %s", (id,))
+            return self._record(cur, id), False
+        self._insert(cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1)
+        self._insert_messages(cur, id, (first,), _now(), last=0)
+        record = SessionRecord(
+            id=id,
+            baseline=baseline,
+            slot=slot,
+            transcript=(first,),
+            turns=1,
+            next_call_id=1,
+            untrusted=untrusted,
+            parent=parent,
+        )
+        return record, True
+
+    def open(self, id: str) -> SessionRecord:
+        """Read session ``id`` back (without holding it); :class:`SessionNotFound` if unknown."""
+        with self._transaction(id, "open") as cur:
+            return self._record(cur, id)
+
+    def open_in(self, cur: Any, id: str) -> SessionRecord:
+        """Hold and read ``id`` inside the caller's transaction."""
+        self._take(cur, id)
+        return self._record(cur, id)
+
+    def open_or_create(self, id: str, baseline: Baseline, slot: int) -> tuple[SessionRecord, bool]:
+        """Open ``id``, or create it with ``baseline`` on ``slot``; True when created."""
+        check_session_id(id)
+        with self._transaction(id, "open or create") as cur:
+            return self.open_or_create_in(cur, id, baseline, slot)
+
+    def open_or_create_in(
+        self, cur: Any, id: str, baseline: Baseline, slot: int
+    ) -> tuple[SessionRecord, bool]:
+        """:meth:`open_or_create` inside the caller's transaction."""
+        check_session_id(id)
+        self._take(cur, id)
+        created = self._row(cur, id) is None
+        if created:
+            self._insert(cur, id, baseline, slot)
+        return self._record(cur, id), created
+
+    def append(
+        self,
+        id: str,
+        messages: Sequence[ChatMessage],
+        *,
+        turns: int,
+        next_call_id: int,
+        untrusted: bool,
+    ) -> None:
+        """Append ``messages`` and save the counters, in one transaction."""
+        with self._transaction(id, "append") as cur:
+            self.append_in(
+                cur, id, messages, turns=turns, next_call_id=next_call_id, untrusted=untrusted
+            )
+
+    def append_in(
+        self,
+        cur: Any,
+        id: str,
+        messages: Sequence[ChatMessage],
+        *,
+        turns: int,
+        next_call_id: int,
+        untrusted: bool,
+    ) -> None:
+        """:meth:`append` inside the caller's transaction; call ids never go down."""
+        row = cur.execute(
+            "SELECT next_call_id FROM loopd_sessions WHERE id = %s FOR UPDATE", (id,)
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(id)
+        stored_next = row[0]
+        if next_call_id < 1 or next_call_id < stored_next:
+            raise StoreError(
+                id,
+                f"cannot append: next_call_id {next_call_id} is below the stored "
+                f"{stored_next} (call ids are never reused)",
+            )
+        now = _now()
+        self._insert_messages(cur, id, messages, now)
+        cur.execute(
+            "UPDATE loopd_sessions SET turns = %s, next_call_id = %s,"
+            " untrusted = untrusted OR %s, updated_at = %s WHERE id = %s",
+            (turns, next_call_id, bool(untrusted), now, id),
+        )
+
+    def compact(self, id: str, summary: ChatMessage) -> None:
+        """Replace ``id``'s live history by ``summary`` (old messages kept, marked)."""
+        with self._transaction(id, "compact") as cur:
+            self.compact_in(cur, id, summary)
+
+    def compact_in(self, cur: Any, id: str, summary: ChatMessage) -> None:
+        """:meth:`compact` inside the caller's transaction."""
+        if cur.execute("SELECT 1 FROM loopd_sessions WHERE id = %s", (id,)).fetchone() is None:
+            raise SessionNotFound(id)
+        now = _now()
+        cur.execute(
+            "UPDATE loopd_messages SET compacted = TRUE WHERE session = %s AND NOT compacted",
+            (id,),
+        )
+        self._insert_messages(cur, id, (summary,), now)
+        cur.execute("UPDATE loopd_sessions SET updated_at = %s WHERE id = %s", (now, id))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every stored session's counters, sorted by id."""
+        with self._transaction("*", "list sessions") as cur:
+            rows = cur.execute(
+                "SELECT s.id, s.slot, s.turns, s.untrusted,"
+                " (SELECT COUNT(*) FROM loopd_messages m WHERE m.session = s.id),"
+                " s.created_at, s.updated_at, s.parent FROM loopd_sessions s ORDER BY s.id"
+            ).fetchall()
+        return [
+            SessionInfo(
+                id=r[0],
+                slot=r[1],
+                turns=r[2],
+                untrusted=bool(r[3]),
+                messages=r[4],
+                created_at=r[5],
+                updated_at=r[6],
+                parent=r[7],
+            )
+            for r in rows
+        ]
+
+    def history(self, id: str) -> list[StoredMessage]:
+        """Every stored message of ``id`` in order, compacted ones included."""
+        with self._transaction(id, "read history") as cur:
+            if self._row(cur, id) is None:
+                raise SessionNotFound(id)
+            rows = cur.execute(
+                "SELECT seq, body, compacted, at FROM loopd_messages WHERE session = %s"
+                " ORDER BY seq",
+                (id,),
+            ).fetchall()
+        return [
+            StoredMessage(seq=s, message=self._decode_message(id, s, b), compacted=c, at=at)
+            for s, b, c, at in rows
+        ]
+
+    def children(self, id: str) -> list[str]:
+        """The stored direct children of ``id`` (``sub-<id>-<n>``), by ``n``."""
+        prefix = f"sub-{id}-"
+        with self._transaction(id, "list children") as cur:
+            rows = cur.execute(
+                "SELECT id FROM loopd_sessions WHERE substr(id, 1, %s) = %s",
+                (len(prefix), prefix),
+            ).fetchall()
+        pattern = re.compile(re.escape(prefix) + r"([0-9]+)", re.ASCII)
+        found = [(m, r[0]) for r in rows if (m := pattern.fullmatch(r[0])) is not None]
+        return [child for m, child in sorted(found, key=lambda f: (int(f[0][1]), f[1]))]
+
+    # Memory entries and scheduler state, shared by every process of a cluster.
+
+    def add_memory(self, text: str) -> None:
+        """Store one memory entry (a line of the shared memory)."""
+        with self._transaction("*", "remember") as cur:
+            cur.execute("INSERT INTO loopd_memory (text, at) VALUES (%s, %s)", (text, _now()))
+
+    def memory_entries(self) -> list[str]:
+        """Every memory entry, oldest first."""
+        with self._transaction("*", "read memory") as cur:
+            rows = cur.execute("SELECT text FROM loopd_memory ORDER BY seq").fetchall()
+        return [r[0] for r in rows]
+
+    def load_schedule(self) -> dict[str, str]:
+        """The last run (RFC 3339 text) of each scheduler job, by job key."""
+        with self._transaction("*", "read the scheduler state") as cur:
+            rows = cur.execute("SELECT job, last_run FROM loopd_scheduler").fetchall()
+        return {job: last for job, last in rows}
+
+    def save_schedule(self, last_runs: dict[str, str]) -> None:
+        """Save the last run of each job (upsert; jobs not named are left as they are)."""
+        with self._transaction("*", "save the scheduler state") as cur:
+            cur.executemany(
+                "INSERT INTO loopd_scheduler (job, last_run) VALUES (%s, %s)"
+                " ON CONFLICT (job) DO UPDATE SET last_run = EXCLUDED.last_run",
+                sorted(last_runs.items()),
+            )
+
+    def close(self) -> None:
+        """Close the connection (its advisory locks go with it). Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            self._locked.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> PgSessionStore:
+        """The store itself; ``with`` closes it at the end."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the store."""
+        self.close()
+
+    # Helpers, inside a transaction.
+
+    @staticmethod
+    def _row(cur: Any, id: str) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = cur.execute(
+            "SELECT s.baseline, b.body, s.slot, s.turns, s.untrusted, s.next_call_id, s.parent"
+            " FROM loopd_sessions s LEFT JOIN loopd_baselines b ON b.hash = s.baseline"
+            " WHERE s.id = %s",
+            (id,),
+        ).fetchone()
+        return row
+
+    @staticmethod
+    def _insert(
+        cur: Any,
+        id: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        parent: str | None = None,
+        untrusted: bool = False,
+        turns: int = 0,
+    ) -> None:
+        now = _now()
+        body = _ENCODER.encode(baseline)
+        key = baseline_hash(body)
+        cur.execute(
+            "INSERT INTO loopd_baselines (hash, body) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (key, body),
+        )
+        cur.execute(
+            "INSERT INTO loopd_sessions (id, baseline, parent, slot, turns, next_call_id,"
+            " untrusted, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, 1, %s, %s, %s)",
+            (id, key, parent, slot, turns, untrusted, now, now),
+        )
+
+    @staticmethod
+    def _insert_messages(
+        cur: Any, id: str, messages: Sequence[ChatMessage], at: str, *, last: int | None = None
+    ) -> None:
+        if last is None:
+            row = cur.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM loopd_messages WHERE session = %s", (id,)
+            ).fetchone()
+            last = int(row[0])
+        cur.executemany(
+            "INSERT INTO loopd_messages (session, seq, body, compacted, at)"
+            " VALUES (%s, %s, %s, FALSE, %s)",
+            [(id, last + i, _ENCODER.encode(m), at) for i, m in enumerate(messages, 1)],
+        )
+
+    def _baseline(self, id: str, key: str, body: Any) -> Baseline:
+        cached = self._baselines.get(key)
+        if cached is not None:
+            self._baselines.move_to_end(key)
+            return cached
+        if body is None:
+            raise StoreError(id, f"cannot read the stored baseline: no baseline {key} is stored")
+        try:
+            baseline = _BASELINE.decode(bytes(body))
+        except (msgspec.DecodeError, TypeError) as exc:
+            raise StoreError(id, f"cannot read the stored baseline: {exc}") from exc
+        self._baselines[key] = baseline
+        if len(self._baselines) > _BASELINE_CACHE:
+            self._baselines.popitem(last=False)
+        return baseline
+
+    def _record(self, cur: Any, id: str) -> SessionRecord:
+        row = self._row(cur, id)
+        if row is None:
+            raise SessionNotFound(id)
+        key, body, slot, turns, untrusted, next_call_id, parent = row
+        baseline = self._baseline(id, key, body)
+        live = cur.execute(
+            "SELECT seq, body FROM loopd_messages WHERE session = %s AND NOT compacted"
+            " ORDER BY seq",
+            (id,),
+        ).fetchall()
+        return SessionRecord(
+            id=id,
+            baseline=baseline,
+            slot=slot,
+            transcript=tuple(self._decode_message(id, seq, b) for seq, b in live),
+            turns=turns,
+            next_call_id=next_call_id,
+            untrusted=bool(untrusted),
+            parent=parent,
+        )
+
+    @staticmethod
+    def _decode_message(id: str, seq: int, body: Any) -> ChatMessage:
+        try:
+            return _MESSAGE.decode(bytes(body))
+        except (msgspec.DecodeError, TypeError) as exc:
+            raise StoreError(id, f"cannot read stored message seq {seq}: {exc}") from exc
