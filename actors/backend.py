@@ -17,8 +17,9 @@ from messages.runtime import SessionRecord
 
 if TYPE_CHECKING:
     from actors.config import Config
+    from actors.pgstore import PgMemory
 
-__all__ = ["StoreBackend", "open_store"]
+__all__ = ["StoreBackend", "open_store", "shared_memory"]
 
 _T = TypeVar("_T")
 
@@ -105,3 +106,12 @@ def open_store(config: Config) -> StoreBackend:
     from actors.store import DB_NAME, SessionStore
 
     return SessionStore(config.home_path / DB_NAME)
+
+
+def shared_memory(config: Config) -> PgMemory | None:
+    """The memory source of a PostgreSQL store (entries shared by every process), else None."""
+    if config.store.url is None:
+        return None
+    from actors.pgstore import PgMemory
+
+    return PgMemory(config.store.url, connect_timeout_s=config.store.connect_timeout_s)

@@ -46,7 +46,14 @@ from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
 
-__all__ = ["PG_SCHEMA_VERSION", "PgSessionStore", "SessionHeldElsewhere", "lock_key", "redact"]
+__all__ = [
+    "PG_SCHEMA_VERSION",
+    "PgMemory",
+    "PgSessionStore",
+    "SessionHeldElsewhere",
+    "lock_key",
+    "redact",
+]
 
 log = logging.getLogger(__name__)
 
@@ -646,3 +653,50 @@ class PgSessionStore:
             return _MESSAGE.decode(bytes(body))
         except (msgspec.DecodeError, TypeError) as exc:
             raise StoreError(id, f"cannot read stored message seq {seq}: {exc}") from exc
+
+
+class PgMemory:
+    """A :class:`~actors.memory.MemorySource` whose entries live in the shared store.
+
+    Every process of a cluster reads and writes the same entries, so what one session remembers
+    reaches the baselines of new sessions on every shard. The block is one ``- <entry>`` line
+    per entry, oldest first (the shape the memory file's ``remember`` writes). It opens its own
+    connection, on first use, so it never waits behind the store actor's.
+    """
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
+        """Read and write the entries of the database at ``url``."""
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self._store: PgSessionStore | None = None
+        self._lock = threading.Lock()
+
+    def _shared(self) -> PgSessionStore:
+        with self._lock:
+            if self._store is None:
+                self._store = PgSessionStore(self.url, connect_timeout_s=self.connect_timeout_s)
+            return self._store
+
+    def block(self) -> str:
+        """The entries as ``- <entry>`` lines; raises StoreError if the store is unreachable."""
+        return "".join(f"- {entry}\n" for entry in self._shared().memory_entries())
+
+    def remember(self, line: str) -> None:
+        """Store ``line`` (one line: runs of white space become one space) as a new entry."""
+        text = " ".join(line.split())
+        if not text:
+            raise StoreError(None, "there is nothing to remember: the text is empty")
+        self._shared().add_memory(text)
+
+    def updated(self, session: str, turns: int) -> None:
+        """Nothing to do: the entries do not depend on turns."""
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def __repr__(self) -> str:
+        return f"PgMemory({redact(self.url)!r})"

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pykka
 
-from actors.backend import open_store
+from actors.backend import open_store, shared_memory
 from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
@@ -42,6 +42,9 @@ from messages import (
     TurnOutcome,
     check_session_id,
 )
+
+if TYPE_CHECKING:
+    from actors.pgstore import PgMemory
 
 __all__ = ["Runtime", "resolve_config"]
 
@@ -145,6 +148,7 @@ class Runtime:
         self._owns_model = True
         self._home_lock: HomeLock | None = None
         self._log_filter: RedactFilter | None = None
+        self._shared_memory: PgMemory | None = None
 
     @classmethod
     def start(
@@ -164,7 +168,20 @@ class Runtime:
         the server's slot count here (see :func:`resolve_config`); ``rt.config`` has the result.
 
         Raises :class:`~actors.lock.HomeInUse` if another runtime holds ``config.home``.
+
+        With ``[cluster] engine = "ray"`` the sessions run on Ray shard actors and the facade
+        returned is a :class:`~actors.cluster.ClusterRuntime` (``tools`` go to every shard;
+        ``model``, ``memory`` and ``clock`` cannot cross to other processes).
         """
+        if config.cluster.engine == "ray":
+            if model is not None or memory is not None or clock is not _utc_now:
+                raise ValueError(
+                    "a cluster runtime's shards use [model], the shared store's memory and the "
+                    "wall clock: model=, memory= and clock= are for one process only"
+                )
+            from actors.cluster import ClusterRuntime
+
+            return ClusterRuntime.launch(config, tools=tools or ())
         config = resolve_config(config)
         tools = list(tools or ())
         registry = Registry(tool.spec for tool in tools)
@@ -197,8 +214,9 @@ class Runtime:
         chat_model: ChatModel | AsyncChatModel = (
             model if model is not None else HttpChatModel(model_config)
         )
+        shared = shared_memory(config) if memory is None else None
         if memory is None:
-            memory = default_memory(
+            memory = shared or default_memory(
                 config.home,
                 config.memory.file,
                 max_chars=config.memory.max_chars,
@@ -262,6 +280,7 @@ class Runtime:
         runtime._log_filter = RedactFilter(secrets)
         for name in _LIBRARY_LOGGERS:
             logging.getLogger(name).addFilter(runtime._log_filter)
+        runtime._shared_memory = shared
         return runtime
 
     @property
@@ -385,6 +404,8 @@ class Runtime:
         if self._log_filter is not None:
             for name in _LIBRARY_LOGGERS:
                 logging.getLogger(name).removeFilter(self._log_filter)
+        if self._shared_memory is not None:
+            self._shared_memory.close()
         if self._home_lock is not None:
             if stored or not self._refs[STORE].is_alive():
                 self._home_lock.release()  # last: the store has written what it was sent

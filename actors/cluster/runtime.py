@@ -1,0 +1,300 @@
+"""The Runtime facade over a Ray cluster: the same calls, the sessions on shard actors.
+
+``Runtime.start(config)`` with ``[cluster] engine = "ray"`` returns a :class:`ClusterRuntime`. It
+joins (or starts) Ray, starts ``shards`` :class:`~actors.cluster.shard.Shard` actors over the
+shared PostgreSQL store, and routes each call to the shard of the session's family
+(:func:`~actors.cluster.routing.shard_of`). Ray does the process management, the transport and
+the restarts; loopd adds no protocol of its own: each call is one Ray actor method call whose
+arguments are ids and text and whose answer is msgspec bytes.
+
+A shard whose process dies during a turn answers that turn ``TurnFailed(CRASHED)`` (Ray fails
+the call at once); Ray starts the shard again (``max_restarts``), and the next turn of the
+session opens it from the store and repairs the cut-off turn, as after a crash of one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import pykka
+
+from actors.backend import open_store
+from actors.cluster.routing import shard_of
+from actors.cluster.shard import Shard
+from actors.config import Config
+from actors.directory import Directory
+from actors.events import Subscribers
+from actors.port import PortTool
+from actors.runtime import Runtime
+from messages import (
+    FailReason,
+    TurnEvent,
+    TurnFailed,
+    TurnOutcome,
+    check_session_id,
+)
+
+__all__ = ["ClusterRuntime", "ShardStartError"]
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 180.0
+"""How long the shards may take to start (a cold Ray worker imports loopd and connects)."""
+POLL_WAIT_S = 1.0
+"""How long one fetch of events waits at the shard for the first new event."""
+MAX_CONCURRENCY = 256
+"""Calls one shard serves at once (each running turn holds one of its threads)."""
+
+_OUTCOME = msgspec.msgpack.Decoder(TurnOutcome)
+_EVENT = msgspec.msgpack.Decoder(TurnEvent)
+
+
+class ShardStartError(RuntimeError):
+    """The shards of a cluster runtime could not be started; the message says why."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ShardStartError(
+            f"[cluster] engine = 'ray' needs Ray ({exc}): pip install 'loopd[ray]'"
+        ) from exc
+    return ray
+
+
+class ClusterRuntime(Runtime):
+    """A :class:`~actors.runtime.Runtime` whose sessions run on Ray shard actors.
+
+    ``run_turn``, ``send_turn``, ``cancel``, ``subscribe`` and ``stop`` behave as for one
+    process; events stream back from every shard (one thread per shard fetches them), so a
+    subscriber sees a family's events in order. There is no single Context to ``tell``:
+    :attr:`context` raises.
+    """
+
+    def __init__(self, config: Config, shards: list[Any], owns_ray: bool) -> None:
+        """Use started ``shards`` (Ray actor handles); shut Ray down at stop if ``owns_ray``."""
+        self.config = config
+        self.directory = Directory()
+        self._subscribers = Subscribers()
+        self._stopped = False
+        self._shards = shards
+        self._owns_ray = owns_ray
+        self._halt = threading.Event()
+        self._seen = [0] * len(shards)
+        self._progress = threading.Condition()
+        self._pollers = [
+            threading.Thread(target=self._poll, args=(i,), name=f"loopd-shard-{i}-events")
+            for i in range(len(shards))
+        ]
+        for poller in self._pollers:
+            poller.daemon = True
+            poller.start()
+
+    @classmethod
+    def launch(cls, config: Config, *, tools: Iterable[PortTool] = ()) -> ClusterRuntime:
+        """Join (or start) Ray and start ``config.cluster.shards`` shards; wait until all run.
+
+        Raises :class:`~actors.store.StoreError` if the store cannot be opened and
+        :class:`ShardStartError` if Ray or a shard cannot start.
+        """
+        ray = _ray()
+        open_store(config).close()  # the schema exists, and the url works, before any shard
+        owns_ray = not ray.is_initialized()
+        if owns_ray:
+            address = None if config.cluster.address == "local" else config.cluster.address
+            try:
+                ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            except Exception as exc:
+                raise ShardStartError(f"cannot start or join Ray at {address!r}: {exc}") from exc
+        count = config.cluster.shards
+        shard_class = ray.remote(Shard).options(
+            max_restarts=config.cluster.max_restarts,
+            max_task_retries=0,  # a turn is never run twice behind its caller's back
+            max_concurrency=MAX_CONCURRENCY,
+            num_cpus=0,  # a shard waits on the model and the store; it books no CPU
+        )
+        data = msgspec.msgpack.encode(config)
+        tool_list = list(tools)
+        handles = [shard_class.remote(data, i, count, tool_list) for i in range(count)]
+        try:
+            ray.get([h.ready.remote() for h in handles], timeout=START_TIMEOUT_S)
+        except Exception as exc:
+            for handle in handles:
+                ray.kill(handle, no_restart=True)
+            if owns_ray:
+                ray.shutdown()
+            raise ShardStartError(f"the shards did not start: {exc}") from exc
+        return cls(config, handles, owns_ray)
+
+    @property
+    def context(self) -> pykka.ActorRef[Any]:
+        """Not available: each shard has its own Context, in its own process."""
+        raise RuntimeError(
+            "a cluster runtime has one Context per shard, each in its own process; use "
+            "run_turn, send_turn, cancel and subscribe"
+        )
+
+    @property
+    def shard_count(self) -> int:
+        """How many shards host sessions."""
+        return len(self._shards)
+
+    def shard_of(self, session: str) -> int:
+        """The shard that hosts ``session``'s family."""
+        return shard_of(session, len(self._shards))
+
+    def shard_pid(self, index: int, timeout: float = 30.0) -> int:
+        """The process id of shard ``index`` now (a new one after a restart)."""
+        ray = _ray()
+        pid, _epoch = ray.get(self._shards[index].ready.remote(), timeout=timeout)
+        return int(pid)
+
+    def subscribe(self, fn: Callable[[TurnEvent], Any]) -> Callable[[], None]:
+        """Call ``fn(event)`` for every turn event of every shard; returns an unsubscribe."""
+        return self._subscribers.add(fn)
+
+    def _check(self, session: str) -> None:
+        check_session_id(session)
+        if self._stopped:
+            raise RuntimeError("this runtime is stopped")
+
+    def run_turn(
+        self, session: str, text: str, timeout: float | None = None, *, speaker: str | None = None
+    ) -> TurnOutcome:
+        """Run one turn of ``session`` on its shard and return how it ended.
+
+        A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises
+        ``ValueError`` for an invalid id and ``TimeoutError`` after ``timeout`` (it goes on).
+        """
+        self._check(session)
+        index = self.shard_of(session)
+        ref = self._shards[index].run_turn.remote(session, text, speaker, timeout)
+        ray = _ray()
+        try:
+            data = ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"the turn of {session} did not end within {timeout} s; it goes on"
+            ) from None
+        except Exception as exc:
+            return self._failed(session, index, exc)
+        outcome: TurnOutcome = _OUTCOME.decode(data)
+        return outcome
+
+    def _failed(self, session: str, index: int, exc: BaseException) -> TurnOutcome:
+        """The outcome of a turn whose call to shard ``index`` raised ``exc``."""
+        ray = _ray()
+        if isinstance(exc, ray.exceptions.RayActorError):
+            detail = (
+                f"shard {index} died during the turn ({type(exc).__name__}); Ray starts it "
+                "again and the next turn repairs this one"
+            )
+            return TurnFailed(session, FailReason.CRASHED, detail)
+        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(
+            exc.as_instanceof_cause(), TimeoutError
+        ):
+            raise TimeoutError(f"the turn of {session} did not end in time; it goes on") from exc
+        log.error("shard %d failed the turn of %s", index, session, exc_info=exc)
+        return TurnFailed(session, FailReason.CRASHED, f"shard {index} failed the call: {exc}")
+
+    def send_turn(
+        self, session: str, text: str, *, speaker: str | None = None, reply_to: str | None = None
+    ) -> None:
+        """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`."""
+        self._check(session)
+        index = self.shard_of(session)
+        ref = self._shards[index].run_turn.remote(session, text, speaker, None)
+        if reply_to is None:
+            return
+
+        def answer(done: Future[Any]) -> None:
+            try:
+                outcome = _OUTCOME.decode(done.result())
+            except Exception as exc:
+                try:
+                    outcome = self._failed(session, index, exc)
+                except TimeoutError:
+                    return
+            self.directory.tell(reply_to, outcome)
+
+        ref.future().add_done_callback(answer)
+
+    def cancel(self, session: str, timeout: float = 10.0) -> tuple[str, ...]:
+        """Cancel ``session``'s running turn and its children on their shard; the ids."""
+        self._check(session)
+        ray = _ray()
+        ref = self._shards[self.shard_of(session)].cancel.remote(session, timeout)
+        return tuple(ray.get(ref, timeout=timeout + 5.0))
+
+    def _poll(self, index: int) -> None:
+        """Fetch shard ``index``'s events and call the subscribers, until the runtime stops."""
+        ray = _ray()
+        shard, epoch, after = self._shards[index], "", 0
+        while not self._halt.is_set():
+            try:
+                epoch, after, items = ray.get(
+                    shard.fetch_events.remote(epoch, after, POLL_WAIT_S),
+                    timeout=POLL_WAIT_S + 30.0,
+                )
+            except Exception as exc:
+                # The shard is restarting (or gone): try again shortly; its new epoch resets.
+                log.debug("events of shard %d: %s", index, exc)
+                self._halt.wait(0.5)
+                continue
+            for data in items:
+                event = _EVENT.decode(data)
+                for fn in self._subscribers.snapshot():
+                    try:
+                        fn(event)
+                    except Exception:
+                        log.exception("event subscriber %r failed", fn)
+            with self._progress:
+                self._seen[index] = after
+                self._progress.notify_all()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every shard's runtime (every held turn is answered), deliver their last events,
+        then end the shard actors (and Ray, if this runtime started it)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        ray = _ray()
+        lasts: list[int | None] = []
+        for index, shard in enumerate(self._shards):
+            try:
+                lasts.append(ray.get(shard.stop.remote(timeout), timeout=timeout + 5.0))
+            except Exception as exc:
+                log.warning("shard %d did not stop cleanly: %s", index, exc)
+                lasts.append(None)
+        with self._progress:  # the events emitted while stopping reach the subscribers
+
+            def delivered() -> bool:
+                pairs = zip(self._seen, lasts, strict=True)
+                return all(last is None or seen >= last for seen, last in pairs)
+
+            self._progress.wait_for(delivered, timeout=3 * POLL_WAIT_S)
+        self._halt.set()
+        for poller in self._pollers:
+            poller.join(timeout=POLL_WAIT_S + 5.0)
+        for shard in self._shards:
+            ray.kill(shard, no_restart=True)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> ClusterRuntime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
