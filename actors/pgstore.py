@@ -183,8 +183,12 @@ class PgSessionStore:
             raise StoreError(
                 session, f"cannot {action}: cannot reach PostgreSQL at {redact(self.url)}: {exc}"
             ) from exc
+        try:
+            self._relock(conn)
+        except psycopg.Error as exc:
+            conn.close()
+            raise self._failure(session, action, exc) from exc
         self._conn = conn
-        self._relock(conn)
         return conn
 
     def _relock(self, conn: psycopg.Connection[Any]) -> None:
