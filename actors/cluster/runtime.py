@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from types import TracebackType
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 180.0
 """How long the shards may take to start (a cold Ray worker imports loopd and connects)."""
+RESTART_POLL_S = 0.2
+"""How often a call waits again for a shard that Ray is restarting."""
 POLL_WAIT_S = 1.0
 """How long one fetch of events waits at the shard for the first new event."""
 MAX_CONCURRENCY = 256
@@ -88,6 +91,8 @@ class ClusterRuntime(Runtime):
         self._owns_ray = owns_ray
         self._halt = threading.Event()
         self._seen = [0] * len(shards)
+        self._suspect = [False] * len(shards)
+        """Shards seen failing: the next call waits until they answer again."""
         self._progress = threading.Condition()
         self._pollers = [
             threading.Thread(target=self._poll, args=(i,), name=f"loopd-shard-{i}-events")
@@ -150,11 +155,37 @@ class ClusterRuntime(Runtime):
         """The shard that hosts ``session``'s family."""
         return shard_of(session, len(self._shards))
 
-    def shard_pid(self, index: int, timeout: float = 30.0) -> int:
-        """The process id of shard ``index`` now (a new one after a restart)."""
+    def shard_pid(self, index: int, timeout: float = START_TIMEOUT_S) -> int:
+        """The process id of shard ``index`` now (a new one after a restart), once it is up."""
+        return self._await_shard(index, timeout)
+
+    def _await_shard(self, index: int, timeout: float = START_TIMEOUT_S) -> int:
+        """Wait until shard ``index`` answers (Ray refuses calls while it restarts); its pid.
+
+        Raises the Ray error if the shard is dead for good (out of ``max_restarts``), and
+        ``TimeoutError`` after ``timeout`` seconds.
+        """
         ray = _ray()
-        pid, _epoch = ray.get(self._shards[index].ready.remote(), timeout=timeout)
-        return int(pid)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"shard {index} did not come back within {timeout} s")
+            try:
+                pid, _epoch = ray.get(self._shards[index].ready.remote(), timeout=left)
+            except ray.exceptions.ActorUnavailableError:
+                self._halt.wait(RESTART_POLL_S)
+                continue
+            except ray.exceptions.GetTimeoutError:
+                continue
+            self._suspect[index] = False
+            return int(pid)
+
+    def _shard(self, index: int) -> Any:
+        """Shard ``index``'s handle, once it is up again if it was seen failing."""
+        if self._suspect[index]:
+            self._await_shard(index)
+        return self._shards[index]
 
     def subscribe(self, fn: Callable[[TurnEvent], Any]) -> Callable[[], None]:
         """Call ``fn(event)`` for every turn event of every shard; returns an unsubscribe."""
@@ -175,7 +206,7 @@ class ClusterRuntime(Runtime):
         """
         self._check(session)
         index = self.shard_of(session)
-        ref = self._shards[index].run_turn.remote(session, text, speaker, timeout)
+        ref = self._shard(index).run_turn.remote(session, text, speaker, timeout)
         ray = _ray()
         try:
             data = ray.get(ref, timeout=timeout)
@@ -192,6 +223,7 @@ class ClusterRuntime(Runtime):
         """The outcome of a turn whose call to shard ``index`` raised ``exc``."""
         ray = _ray()
         if isinstance(exc, ray.exceptions.RayActorError):
+            self._suspect[index] = True
             detail = (
                 f"shard {index} died during the turn ({type(exc).__name__}); Ray starts it "
                 "again and the next turn repairs this one"
@@ -210,7 +242,7 @@ class ClusterRuntime(Runtime):
         """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`."""
         self._check(session)
         index = self.shard_of(session)
-        ref = self._shards[index].run_turn.remote(session, text, speaker, None)
+        ref = self._shard(index).run_turn.remote(session, text, speaker, None)
         if reply_to is None:
             return
 
@@ -230,7 +262,7 @@ class ClusterRuntime(Runtime):
         """Cancel ``session``'s running turn and its children on their shard; the ids."""
         self._check(session)
         ray = _ray()
-        ref = self._shards[self.shard_of(session)].cancel.remote(session, timeout)
+        ref = self._shard(self.shard_of(session)).cancel.remote(session, timeout)
         return tuple(ray.get(ref, timeout=timeout + 5.0))
 
     def _poll(self, index: int) -> None:
@@ -246,6 +278,8 @@ class ClusterRuntime(Runtime):
             except Exception as exc:
                 # The shard is restarting (or gone): try again shortly; its new epoch resets.
                 log.debug("events of shard %d: %s", index, exc)
+                if isinstance(exc, ray.exceptions.RayActorError):
+                    self._suspect[index] = True
                 self._halt.wait(0.5)
                 continue
             for data in items:

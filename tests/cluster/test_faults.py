@@ -1,0 +1,112 @@
+"""Faults of a cluster: a shard's process killed mid-turn, the PostgreSQL server stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import Config, ModelConfig, Runtime
+from actors.config import ClusterConfig, StoreConfig
+from actors.pgstore import PgSessionStore
+from actors.testing import call, reply
+from actors.testing.postgres import PostgresServer
+from messages import FailReason, TurnCompleted, TurnFailed
+
+WAIT = 60.0
+CRASH_ANSWER_S = 10.0
+"""What "within a few seconds" means here: generous for a loaded 2-core CI machine."""
+
+
+def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repairs_it(
+    chat_server, loopd_runtime, loopd_config, pg_url
+):
+    child_asked, release = threading.Event(), threading.Event()
+
+    def script(body: dict[str, Any]) -> Any:
+        if body["id_slot"] == 1:
+            child_asked.set()
+            release.wait(WAIT)  # the first child never answers before the kill
+            return reply("child done")
+        if body["messages"][-1]["role"] == "user":
+            return call("subagent", task="slow work")
+        return reply(body["messages"][-1]["content"])
+
+    server = chat_server(script)
+    model = ModelConfig(base_url=server.base_url, name="local", timeout_s=WAIT, retries=0)
+    rt = loopd_runtime(config=loopd_config.replace(model=model))
+    shard = rt.shard_of("mm-thread")
+    pid = rt.shard_pid(shard)
+    answers: dict[str, Any] = {}
+    turn = threading.Thread(target=lambda: answers.update(a=rt.run_turn("mm-thread", "go", WAIT)))
+    turn.start()
+    try:
+        assert child_asked.wait(WAIT)
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        turn.join(CRASH_ANSWER_S)
+        answered_in = time.monotonic() - killed
+    finally:
+        release.set()
+    assert not turn.is_alive(), "run_turn did not answer after its shard was killed"
+    outcome = answers["a"]
+    assert isinstance(outcome, TurnFailed) and outcome.reason is FailReason.CRASHED
+    assert f"shard {shard} died" in outcome.detail
+    assert answered_in < CRASH_ANSWER_S
+
+    # Ray starts the shard again; the next turn finds every committed message and answers the
+    # cut-off call of the first turn `<child> failed` before it goes on.
+    assert rt.shard_pid(shard, timeout=WAIT) != pid
+    again = rt.run_turn("mm-thread", "again", timeout=WAIT)
+    assert again == TurnCompleted("mm-thread", "sub-mm-thread-2 completed\nchild done")
+    with PgSessionStore(pg_url) as store:
+        history = [h.message for h in store.history("mm-thread")]
+    assert [(m.role, m.content) for m in history[:3]] == [
+        ("user", "go"),
+        ("assistant", None),
+        ("tool", "sub-mm-thread-1 failed"),
+    ]
+    assert [c.id for c in history[1].tool_calls] == [1]
+    assert history[2].tool_call_id == 1
+    assert history[3].content == "again"
+    # The repaired turn is what the model saw on the next request, prefix and all.
+    last = server.requests[-1]
+    tool_texts = [m["content"] for m in last["messages"] if m["role"] == "tool"]
+    assert tool_texts == ["sub-mm-thread-1 failed", "sub-mm-thread-2 completed\nchild done"]
+
+
+@pytest.mark.parametrize("engine", ["none", "ray"])
+def test_a_stopped_postgres_fails_turns_with_store_error_and_they_work_again(
+    request, chat_server, tmp_path: Path, engine: str
+) -> None:
+    if engine == "ray":
+        request.getfixturevalue("ray_local")
+    with PostgresServer() as pg:  # its own server: this test stops it
+        url = pg.create_database("loopd_down")
+        server = chat_server([reply("first"), reply("third")])
+        config = Config(
+            home=str(tmp_path / "home"),
+            model=ModelConfig(base_url=server.base_url, name="local", timeout_s=WAIT, retries=0),
+            store=StoreConfig(url=url, connect_timeout_s=2.0),
+            cluster=ClusterConfig(engine=engine, shards=2, max_restarts=2),
+        )
+        rt = Runtime.start(config)
+        try:
+            assert rt.run_turn("s", "one", timeout=WAIT) == TurnCompleted("s", "first")
+            pg.stop()
+            failed = rt.run_turn("s", "two", timeout=WAIT)
+            assert isinstance(failed, TurnFailed) and failed.reason is FailReason.STORE_ERROR
+            assert "PostgreSQL" in failed.detail or "connection" in failed.detail
+            assert len(server.requests) == 1  # nothing unstored was sent to the model
+            pg.start()
+            assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted("s", "third")
+        finally:
+            rt.stop()
+        with PgSessionStore(url) as store:
+            texts = [m.content for m in store.open("s").transcript]
+    assert texts == ["one", "first", "three", "third"]
