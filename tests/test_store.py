@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pykka
@@ -87,8 +89,32 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "home" / "loopd.db"
 
 
+# The tests that hold for any store run on SQLite and, in `tox -e cluster` (which has a
+# PostgreSQL server), on PostgreSQL too; the rest are about the SQLite file itself.
+BACKENDS = ["sqlite", *(["postgresql"] if os.environ.get("LOOPD_CLUSTER_TESTS") == "1" else [])]
+
+Opener = Callable[[], Any]
+
+
+@pytest.fixture(params=BACKENDS)
+def open_store(request: pytest.FixtureRequest, db: Path) -> Opener:
+    """Opens the store of this test, a new connection each call (as a new process would)."""
+    if request.param == "sqlite":
+        return lambda: SessionStore(db)
+    from actors.pgstore import PgSessionStore
+
+    url = request.getfixturevalue("pg_database")()
+    return lambda: PgSessionStore(url)
+
+
 @pytest.fixture
-def store(db: Path) -> Iterator[SessionStore]:
+def store(open_store: Opener) -> Iterator[Any]:
+    with open_store() as s:
+        yield s
+
+
+@pytest.fixture
+def sqlite_store(db: Path) -> Iterator[SessionStore]:
     with SessionStore(db) as s:
         yield s
 
@@ -114,7 +140,7 @@ def test_create_then_open_round_trips_the_baseline_byte_for_byte(db: Path) -> No
     assert stored == msgspec.json.encode(BASELINE)
 
 
-def test_store_file_is_configured_for_durability(store: SessionStore, db: Path) -> None:
+def test_store_file_is_configured_for_durability(sqlite_store: SessionStore, db: Path) -> None:
     assert db.is_file()
     with raw_db(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
@@ -122,7 +148,7 @@ def test_store_file_is_configured_for_durability(store: SessionStore, db: Path) 
 
 
 def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
-    store: SessionStore,
+    store: Any,
 ) -> None:
     store.create("a", BASELINE, 0)
     with pytest.raises(SessionExists, match="'a'") as info:
@@ -133,7 +159,7 @@ def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
     assert store.open("a").slot == 0
 
 
-def test_create_refuses_an_invalid_id(store: SessionStore) -> None:
+def test_create_refuses_an_invalid_id(store: Any) -> None:
     with pytest.raises(ValueError, match="invalid session id"):
         store.create("a" * 65, BASELINE, 0)
     with pytest.raises(ValueError, match="invalid session id"):
@@ -141,7 +167,7 @@ def test_create_refuses_an_invalid_id(store: SessionStore) -> None:
     assert store.list_sessions() == []
 
 
-def test_unknown_ids_raise_session_not_found(store: SessionStore) -> None:
+def test_unknown_ids_raise_session_not_found(store: Any) -> None:
     with pytest.raises(SessionNotFound, match="'ghost'"):
         store.open("ghost")
     with pytest.raises(SessionNotFound, match="'ghost'"):
@@ -153,7 +179,7 @@ def test_unknown_ids_raise_session_not_found(store: SessionStore) -> None:
     assert store.list_sessions() == []
 
 
-def test_open_or_create_keeps_the_stored_baseline_and_slot(store: SessionStore) -> None:
+def test_open_or_create_keeps_the_stored_baseline_and_slot(store: Any) -> None:
     record, created = store.open_or_create("s", BASELINE, 1)
     assert created
     assert (record.baseline, record.slot) == (BASELINE, 1)
@@ -165,16 +191,16 @@ def test_open_or_create_keeps_the_stored_baseline_and_slot(store: SessionStore) 
     assert again.transcript == (user("hello"),)
 
 
-def test_appends_keep_their_order_across_a_restart(db: Path) -> None:
+def test_appends_keep_their_order_across_a_restart(open_store: Opener) -> None:
     first, second = conversation(), [user("and now?"), ChatMessage(role="assistant", content="ok")]
-    with SessionStore(db) as store:
+    with open_store() as store:
         store.create("s", BASELINE, 0)
         store.append("s", first[:1], turns=0, next_call_id=1, untrusted=False)
         store.append("s", first[1:], turns=1, next_call_id=2, untrusted=False)
-    with SessionStore(db) as store:  # a new process
+    with open_store() as store:  # a new process
         store.append("s", second, turns=2, next_call_id=2, untrusted=False)
         store.append("s", [], turns=2, next_call_id=2, untrusted=False)  # counters only
-    with SessionStore(db) as store:
+    with open_store() as store:
         record = store.open("s")
         history = store.history("s")
     assert record.transcript == (*first, *second)
@@ -184,8 +210,8 @@ def test_appends_keep_their_order_across_a_restart(db: Path) -> None:
     assert all(h.at.endswith("Z") for h in history)
 
 
-def test_next_call_id_never_goes_down_and_persists(db: Path) -> None:
-    with SessionStore(db) as store:
+def test_next_call_id_never_goes_down_and_persists(open_store: Opener) -> None:
+    with open_store() as store:
         store.create("s", BASELINE, 0)
         store.append("s", [user("one")], turns=1, next_call_id=5, untrusted=False)
         with pytest.raises(StoreError, match=r"'s'.*next_call_id 4.*5"):
@@ -194,37 +220,37 @@ def test_next_call_id_never_goes_down_and_persists(db: Path) -> None:
         record = store.open("s")
         assert record.transcript == (user("one"),)
         assert (record.turns, record.next_call_id, record.untrusted) == (1, 5, False)
-    with SessionStore(db) as store:
+    with open_store() as store:
         assert store.open("s").next_call_id == 5
         with pytest.raises(StoreError):
             store.append("s", [], turns=1, next_call_id=1, untrusted=False)
         store.append("s", [], turns=1, next_call_id=5, untrusted=False)  # equal is fine
         store.append("s", [], turns=1, next_call_id=6, untrusted=False)
-    with SessionStore(db) as store:
+    with open_store() as store:
         assert store.open("s").next_call_id == 6
 
 
-def test_untrusted_is_sticky(db: Path) -> None:
-    with SessionStore(db) as store:
+def test_untrusted_is_sticky(open_store: Opener) -> None:
+    with open_store() as store:
         store.create("s", BASELINE, 0)
         store.append("s", [user("a")], turns=1, next_call_id=1, untrusted=True)
         store.append("s", [user("b")], turns=2, next_call_id=1, untrusted=False)
         assert store.open("s").untrusted
         store.compact("s", user("summary"))
-    with SessionStore(db) as store:
+    with open_store() as store:
         assert store.open("s").untrusted
         assert store.list_sessions()[0].untrusted
 
 
-def test_compact_keeps_old_rows_and_leaves_only_the_summary_live(db: Path) -> None:
+def test_compact_keeps_old_rows_and_leaves_only_the_summary_live(open_store: Opener) -> None:
     summary = ChatMessage(role="user", content="Summary: the user asked the time; it was late.")
-    with SessionStore(db) as store:
+    with open_store() as store:
         store.create("s", BASELINE, 0)
         store.append("s", conversation(), turns=1, next_call_id=2, untrusted=False)
         store.compact("s", summary)
         assert store.open("s").transcript == (summary,)
         store.append("s", [user("next")], turns=2, next_call_id=2, untrusted=False)
-    with SessionStore(db) as store:
+    with open_store() as store:
         record = store.open("s")
         history = store.history("s")
         info = store.list_sessions()[0]
@@ -234,13 +260,13 @@ def test_compact_keeps_old_rows_and_leaves_only_the_summary_live(db: Path) -> No
     assert [h.compacted for h in history] == [True] * 4 + [False, False]
     assert info.messages == 6
 
-    with SessionStore(db) as store:  # a second compaction compacts the first summary too
+    with open_store() as store:  # a second compaction compacts the first summary too
         store.compact("s", user("shorter"))
         assert store.open("s").transcript == (user("shorter"),)
         assert [h.compacted for h in store.history("s")] == [True] * 6 + [False]
 
 
-def test_children_lists_direct_children_only(store: SessionStore) -> None:
+def test_children_lists_direct_children_only(store: Any) -> None:
     for sid in [
         "mm-thread",
         "sub-mm-thread-1",
@@ -264,7 +290,7 @@ def test_children_lists_direct_children_only(store: SessionStore) -> None:
     assert store.children("nobody") == []
 
 
-def test_list_sessions_is_sorted_and_counts_messages(store: SessionStore) -> None:
+def test_list_sessions_is_sorted_and_counts_messages(store: Any) -> None:
     store.create("b", BASELINE, 1)
     store.create("a", BASELINE, 0)
     store.append("b", conversation(), turns=1, next_call_id=2, untrusted=True)
@@ -336,8 +362,8 @@ def test_session_ids_are_only_sql_values_and_files_stay_under_the_path(
     assert all(f == "home" or f.startswith("home/loopd.db") for f in files), files
 
 
-def test_closed_store_raises_store_error(db: Path) -> None:
-    store = SessionStore(db)
+def test_closed_store_raises_store_error(open_store: Opener) -> None:
+    store = open_store()
     store.create("s", BASELINE, 0)
     store.close()
     store.close()  # twice is fine
@@ -391,8 +417,17 @@ def actor(db: Path, directory: Directory) -> Iterator[pykka.ActorRef[StoreActor]
     ref.stop()
 
 
+@pytest.fixture
+def any_actor(open_store: Opener, directory: Directory) -> Iterator[pykka.ActorRef[StoreActor]]:
+    """A store actor over either backend."""
+    ref = StoreActor.start(open_store, directory)
+    directory.register(STORE, ref)
+    yield ref
+    ref.stop()
+
+
 def test_store_actor_answers_each_request_at_its_reply_address(
-    actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe, db: Path
+    any_actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe, open_store: Opener
 ) -> None:
     directory.tell(STORE, OpenSession("s", BASELINE, 1, reply_to="probe"))
     loaded = probe.next()
@@ -408,7 +443,7 @@ def test_store_actor_answers_each_request_at_its_reply_address(
     )
     assert probe.next() == Appended("s", 7)
     # Appended means durable: another connection (another process) sees it at once.
-    with SessionStore(db) as reader:
+    with open_store() as reader:
         assert reader.open("s").transcript == tuple(conversation())
 
     directory.tell(STORE, CompactHistory("s", 8, user("summary"), reply_to="probe"))
@@ -424,7 +459,7 @@ def test_store_actor_answers_each_request_at_its_reply_address(
 
 
 def test_store_actor_answers_failures_and_keeps_serving(
-    actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe
+    any_actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe
 ) -> None:
     directory.tell(
         STORE,
@@ -467,7 +502,7 @@ def test_store_actor_answers_failures_and_keeps_serving(
     directory.tell(STORE, "not a store request")  # ignored with a warning
     directory.tell(STORE, OpenSession("s", BASELINE, 0, reply_to="probe"))
     assert isinstance(probe.next(), SessionLoaded)
-    assert actor.is_alive()
+    assert any_actor.is_alive()
 
 
 def test_store_actor_that_cannot_open_its_file_still_answers(
@@ -588,8 +623,9 @@ def test_a_migrated_child_record_is_not_taken_for_a_child(db: Path) -> None:
 
 
 def test_a_baseline_is_stored_once_however_many_sessions_use_it(
-    store: SessionStore, db: Path
+    sqlite_store: SessionStore, db: Path
 ) -> None:
+    store = sqlite_store
     for i in range(5):
         store.create(f"s{i}", BASELINE, 0)
     store.create_child("sub-s0-1", "s0", BASELINE, 1, untrusted=False, first=user("t"))
@@ -603,8 +639,10 @@ def test_a_baseline_is_stored_once_however_many_sessions_use_it(
 # --- Children: created with their first message, opened only by their parent ------------------
 
 
-def test_a_child_is_created_with_its_first_message_its_parent_and_its_flag(db: Path) -> None:
-    with SessionStore(db) as store:
+def test_a_child_is_created_with_its_first_message_its_parent_and_its_flag(
+    open_store: Opener,
+) -> None:
+    with open_store() as store:
         record, created = store.create_child(
             "sub-p-1", "p", BASELINE, 1, untrusted=True, first=user("It is now.\n\ntask")
         )
@@ -612,12 +650,12 @@ def test_a_child_is_created_with_its_first_message_its_parent_and_its_flag(db: P
     assert record.transcript == (user("It is now.\n\ntask"),)
     assert (record.turns, record.next_call_id, record.untrusted) == (1, 1, True)
     assert (record.parent, record.slot) == ("p", 1)
-    with SessionStore(db) as store:  # a restart reads the same back, flag included
+    with open_store() as store:  # a restart reads the same back, flag included
         assert store.open("sub-p-1") == record
         assert store.list_sessions()[0].parent == "p"
 
 
-def test_a_child_record_its_parent_created_is_opened_as_stored(store: SessionStore) -> None:
+def test_a_child_record_its_parent_created_is_opened_as_stored(store: Any) -> None:
     first, _ = store.create_child("sub-p-1", "p", BASELINE, 1, untrusted=False, first=user("a"))
     again, created = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=False, first=user("b"))
     assert not created
@@ -631,7 +669,7 @@ def test_a_child_record_its_parent_created_is_opened_as_stored(store: SessionSto
 
 @pytest.mark.parametrize("forger", ["top-level", "another parent"])
 def test_a_child_id_taken_by_another_record_is_refused_and_left_alone(
-    store: SessionStore, forger: str
+    store: Any, forger: str
 ) -> None:
     if forger == "top-level":
         store.create("sub-p-1", OTHER, 0)

@@ -1,10 +1,9 @@
-"""The cluster suite: one PostgreSQL server and one local Ray instance for the whole run, a
-fresh database per test, and ``loopd_config`` pointing at both, so the test kit's
-``loopd_runtime`` starts a two-shard cluster runtime."""
+"""The cluster suite: one local Ray instance for the whole run (the PostgreSQL server and a
+fresh database per test come from tests/conftest.py), and ``loopd_config`` pointing at both,
+so the test kit's ``loopd_runtime`` starts a two-shard cluster runtime."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,16 +12,8 @@ import ray
 
 from actors import Config
 from actors.config import ClusterConfig, StoreConfig
-from actors.testing.postgres import PostgresServer
 
 SHARDS = 2
-_databases = itertools.count(1)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    with PostgresServer() as server:
-        yield server
 
 
 @pytest.fixture(scope="session")
@@ -31,12 +22,6 @@ def ray_local() -> Iterator[None]:
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
-
-
-@pytest.fixture
-def pg_database(pg_server: PostgresServer) -> Callable[[], str]:
-    """A factory of fresh, empty databases on the suite's server: their urls."""
-    return lambda: pg_server.create_database(f"loopd_test_{next(_databases)}")
 
 
 @pytest.fixture
