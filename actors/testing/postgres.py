@@ -20,7 +20,11 @@ from types import TracebackType
 
 __all__ = ["PostgresServer", "find_pg_bin"]
 
-_SEARCH = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/local/bin")
+
+
+def _major(folder: Path) -> int:
+    name = folder.parent.name
+    return int(name) if name.isdigit() else 0
 
 
 def find_pg_bin() -> Path | None:
@@ -30,7 +34,9 @@ def find_pg_bin() -> Path | None:
     on_path = shutil.which("initdb")
     if on_path:
         candidates.append(str(Path(on_path).resolve().parent))
-    candidates += list(_SEARCH)
+    # Debian and Ubuntu put each major version in its own folder; the newest first.
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_major, reverse=True)
+    candidates += [str(v) for v in versions] + ["/usr/local/bin"]
     for folder in candidates:
         if (Path(folder) / "initdb").exists() and (Path(folder) / "pg_ctl").exists():
             return Path(folder)
