@@ -17,9 +17,9 @@ from messages.runtime import SessionRecord
 
 if TYPE_CHECKING:
     from actors.config import Config
-    from actors.pgstore import PgMemory
+    from actors.pgstore import PgMemory, PgSchedulerState
 
-__all__ = ["StoreBackend", "open_store", "shared_memory"]
+__all__ = ["StoreBackend", "open_store", "shared_memory", "shared_schedule"]
 
 _T = TypeVar("_T")
 
@@ -115,3 +115,12 @@ def shared_memory(config: Config) -> PgMemory | None:
     from actors.pgstore import PgMemory
 
     return PgMemory(config.store.url, connect_timeout_s=config.store.connect_timeout_s)
+
+
+def shared_schedule(config: Config) -> PgSchedulerState | None:
+    """The scheduler's state store of a PostgreSQL store (shared by a cluster), else None."""
+    if config.store.url is None:
+        return None
+    from actors.pgstore import PgSchedulerState
+
+    return PgSchedulerState(config.store.url, connect_timeout_s=config.store.connect_timeout_s)

@@ -28,6 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 import msgspec
@@ -49,6 +50,7 @@ from messages.runtime import SessionRecord
 __all__ = [
     "PG_SCHEMA_VERSION",
     "PgMemory",
+    "PgSchedulerState",
     "PgSessionStore",
     "SessionHeldElsewhere",
     "lock_key",
@@ -88,7 +90,10 @@ _SCHEMA = (
         seq  BIGSERIAL PRIMARY KEY,
         text TEXT NOT NULL,
         at   TEXT NOT NULL)""",
-    "CREATE TABLE IF NOT EXISTS loopd_scheduler (job TEXT PRIMARY KEY, last_run TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS loopd_scheduler (
+        job        TEXT PRIMARY KEY,
+        last_run   TIMESTAMPTZ,
+        first_seen TIMESTAMPTZ)""",
 )
 
 _ENCODER = msgspec.json.Encoder()
@@ -530,19 +535,26 @@ class PgSessionStore:
             rows = cur.execute("SELECT text FROM loopd_memory ORDER BY seq").fetchall()
         return [r[0] for r in rows]
 
-    def load_schedule(self) -> dict[str, str]:
-        """The last run (RFC 3339 text) of each scheduler job, by job key."""
+    def load_schedule(self) -> tuple[dict[str, datetime], dict[str, datetime]]:
+        """The scheduler's state: the last run and the first sighting of each job, by name."""
         with self._transaction("*", "read the scheduler state") as cur:
-            rows = cur.execute("SELECT job, last_run FROM loopd_scheduler").fetchall()
-        return {job: last for job, last in rows}
+            rows = cur.execute("SELECT job, last_run, first_seen FROM loopd_scheduler").fetchall()
+        last_runs = {job: last for job, last, _ in rows if last is not None}
+        first_seen = {job: seen for job, _, seen in rows if seen is not None}
+        return last_runs, first_seen
 
-    def save_schedule(self, last_runs: dict[str, str]) -> None:
-        """Save the last run of each job (upsert; jobs not named are left as they are)."""
+    def save_schedule(
+        self, last_runs: dict[str, datetime], first_seen: dict[str, datetime]
+    ) -> None:
+        """Save the times of these jobs (upserts; jobs not named are left as they are)."""
+        jobs = sorted(set(last_runs) | set(first_seen))
         with self._transaction("*", "save the scheduler state") as cur:
             cur.executemany(
-                "INSERT INTO loopd_scheduler (job, last_run) VALUES (%s, %s)"
-                " ON CONFLICT (job) DO UPDATE SET last_run = EXCLUDED.last_run",
-                sorted(last_runs.items()),
+                "INSERT INTO loopd_scheduler (job, last_run, first_seen) VALUES (%s, %s, %s)"
+                " ON CONFLICT (job) DO UPDATE SET"
+                " last_run = COALESCE(EXCLUDED.last_run, loopd_scheduler.last_run),"
+                " first_seen = COALESCE(EXCLUDED.first_seen, loopd_scheduler.first_seen)",
+                [(job, last_runs.get(job), first_seen.get(job)) for job in jobs],
             )
 
     def close(self) -> None:
@@ -704,3 +716,30 @@ class PgMemory:
 
     def __repr__(self) -> str:
         return f"PgMemory({redact(self.url)!r})"
+
+
+class PgSchedulerState:
+    """The scheduler's state in the shared store (a
+    :class:`~actors.scheduler.SchedulerStateStore`): one row per job in ``loopd_scheduler``.
+
+    Each call opens its own short connection: the scheduler loads once and saves once per run,
+    so none is kept open between runs.
+    """
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
+        """Keep the state in the database at ``url``."""
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+
+    def load(self) -> tuple[dict[str, datetime], dict[str, datetime]]:
+        """The last run and the first sighting of each job, by job name."""
+        with PgSessionStore(self.url, connect_timeout_s=self.connect_timeout_s) as store:
+            return store.load_schedule()
+
+    def save(self, last_runs: dict[str, datetime], first_seen: dict[str, datetime]) -> None:
+        """Save these jobs' times."""
+        with PgSessionStore(self.url, connect_timeout_s=self.connect_timeout_s) as store:
+            store.save_schedule(last_runs, first_seen)
+
+    def __repr__(self) -> str:
+        return f"PgSchedulerState({redact(self.url)!r})"

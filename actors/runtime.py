@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from actors.backend import open_store, shared_memory
+from actors.backend import open_store, shared_memory, shared_schedule
 from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
@@ -263,7 +263,11 @@ class Runtime:
             refs[CONTEXT] = ContextActor.start(config, directory, registry, memory, env, clock)
             if config.cron or config.heartbeat:
                 refs[SCHEDULER] = SchedulerActor.start(
-                    config, directory, clock, state_path=config.home_path / STATE_NAME
+                    config,
+                    directory,
+                    clock,
+                    state_path=config.home_path / STATE_NAME,
+                    state_store=shared_schedule(config),
                 )
         except BaseException:
             service.stop()

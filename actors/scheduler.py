@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import pykka
@@ -48,6 +48,7 @@ __all__ = [
     "Job",
     "Schedule",
     "SchedulerActor",
+    "SchedulerStateStore",
     "SchedulerStatus",
     "cron_job_name",
     "heartbeat_job_name",
@@ -324,6 +325,19 @@ def _write_state(path: Path, state: _State) -> None:
     os.replace(tmp, path)
 
 
+class SchedulerStateStore(Protocol):
+    """Where the scheduler keeps its state instead of ``state_path``: a shared store (the
+    PostgreSQL one, :class:`~actors.pgstore.PgSchedulerState`)."""
+
+    def load(self) -> tuple[dict[str, datetime], dict[str, datetime]]:
+        """The last run and the first sighting of each job, by job name."""
+        ...
+
+    def save(self, last_runs: dict[str, datetime], first_seen: dict[str, datetime]) -> None:
+        """Save these jobs' times (jobs not named are left as they are)."""
+        ...
+
+
 # --- the actor --------------------------------------------------------------------------------
 
 
@@ -355,8 +369,9 @@ class SchedulerActor(pykka.ThreadingActor):
     ``home/<file>``, read at each run; if it cannot be read (or is empty) that run is skipped
     with a warning and nothing is recorded, so it runs as soon as the file is fixed.
 
-    The last run of each job is saved to ``state_path`` (JSON, written atomically) before the
-    turn is sent, so a restart never repeats a run (a crash in between loses that run instead).
+    The last run of each job is saved to ``state_path`` (JSON, written atomically), or to
+    ``state_store`` when there is one (a shared PostgreSQL store), before the turn is sent, so
+    a restart never repeats a run (a crash in between loses that run instead).
     A missing state file is an empty state; a corrupt one is renamed to ``<name>.corrupt`` with
     a warning, and the scheduler starts empty.
 
@@ -373,8 +388,10 @@ class SchedulerActor(pykka.ThreadingActor):
         *,
         state_path: Path,
         tick_s: float | None = 1.0,
+        state_store: SchedulerStateStore | None = None,
     ) -> None:
         super().__init__()
+        self.state_store = state_store
         if tick_s is not None and not tick_s > 0:
             raise ValueError(f"tick_s must be > 0 or None, not {tick_s!r}")
         self.config = config
@@ -549,6 +566,17 @@ class SchedulerActor(pykka.ThreadingActor):
         return _utc(self.clock())
 
     def _load(self) -> None:
+        if self.state_store is not None:
+            try:
+                last_runs, first_seen = self.state_store.load()
+            except Exception as exc:
+                # Start empty but never save over a state we could not read.
+                self._saving = False
+                log.error("cannot read the scheduler state from the store (%s); not saving", exc)
+                return
+            self.last_runs = {name: _utc(at) for name, at in last_runs.items()}
+            self.first_seen = {name: _utc(at) for name, at in first_seen.items()}
+            return
         path = self.state_path
         try:
             state = _read_state(path)
@@ -585,6 +613,12 @@ class SchedulerActor(pykka.ThreadingActor):
 
     def _save(self) -> None:
         if not self._saving:
+            return
+        if self.state_store is not None:
+            try:
+                self.state_store.save(dict(self.last_runs), dict(self.first_seen))
+            except Exception as exc:
+                log.warning("cannot save the scheduler state to the store: %s", exc)
             return
         state = _State(last_runs=dict(self.last_runs), first_seen=dict(self.first_seen))
         try:

@@ -7,6 +7,7 @@ and a fake clock. Waiting is only ever for a message (a probe's ``expect``) or a
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -94,9 +95,12 @@ def scheduler(tmp_path: Path) -> Iterator[Callable[..., pykka.ActorRef[Any]]]:
         *,
         state_path: Path | None = None,
         tick_s: float | None = None,
+        state_store: Any = None,
     ) -> pykka.ActorRef[Any]:
         path = state_path if state_path is not None else tmp_path / "scheduler.json"
-        ref = SchedulerActor.start(config, directory, clock, state_path=path, tick_s=tick_s)
+        ref = SchedulerActor.start(
+            config, directory, clock, state_path=path, tick_s=tick_s, state_store=state_store
+        )
         started.append(ref)
         return ref
 
@@ -104,6 +108,21 @@ def scheduler(tmp_path: Path) -> Iterator[Callable[..., pykka.ActorRef[Any]]]:
     for ref in started:
         if ref.is_alive():
             ref.stop()
+
+
+# The state's restart tests run on the state file and, in `tox -e cluster` (which has a
+# PostgreSQL server), on the shared store's table too.
+STATE_BACKENDS = ["file", *(["postgresql"] if os.environ.get("LOOPD_CLUSTER_TESTS") == "1" else [])]
+
+
+@pytest.fixture(params=STATE_BACKENDS)
+def state_store(request: pytest.FixtureRequest) -> Any:
+    """Where a restarted scheduler finds its state: None (the file) or a PostgreSQL store."""
+    if request.param == "file":
+        return None
+    from actors.pgstore import PgSchedulerState
+
+    return PgSchedulerState(request.getfixturevalue("pg_database")())
 
 
 @pytest.fixture
@@ -522,19 +541,23 @@ def test_a_heartbeat_does_not_pile_onto_a_session_waiting_for_its_child(
 
 
 def test_the_state_survives_a_scheduler_restart(
-    loopd_runtime, loopd_config, scheduler, probe, tmp_path, gate
+    loopd_runtime, loopd_config, scheduler, probe, tmp_path, gate, state_store
 ) -> None:
     config = loopd_config.replace(cron=(MORNING,))
     rt = loopd_runtime(scripted(gate), config=config)
     events = probe()
     rt.subscribe(events.tell)
     state = tmp_path / "scheduler.json"
-    first = scheduler(config, rt.directory, FakeClock(at(6)), state_path=state)
+    first = scheduler(
+        config, rt.directory, FakeClock(at(6)), state_path=state, state_store=state_store
+    )
     tick(first, T0)
     settle(rt, events, "ops")
     first.stop()
     assert rt.directory.get(SCHEDULER) is None
-    second = scheduler(config, rt.directory, FakeClock(at(7, 0, 30)), state_path=state)
+    second = scheduler(
+        config, rt.directory, FakeClock(at(7, 0, 30)), state_path=state, state_store=state_store
+    )
     assert status(second).last_runs == {"cron:0:ops": T0}
     tick(second, at(7, 0, 30))
     assert status(second).sent == 0
@@ -546,20 +569,24 @@ def test_the_state_survives_a_scheduler_restart(
 
 
 def test_a_run_missed_while_the_scheduler_was_down_is_caught_up_once(
-    loopd_runtime, loopd_config, scheduler, probe, tmp_path, gate
+    loopd_runtime, loopd_config, scheduler, probe, tmp_path, gate, state_store
 ) -> None:
     config = loopd_config.replace(cron=(HOURLY,))
     rt = loopd_runtime(scripted(gate), config=config)
     events = probe()
     rt.subscribe(events.tell)
     state = tmp_path / "scheduler.json"
-    first = scheduler(config, rt.directory, FakeClock(at(6, 30)), state_path=state)
+    first = scheduler(
+        config, rt.directory, FakeClock(at(6, 30)), state_path=state, state_store=state_store
+    )
     tick(first, T0)
     settle(rt, events, "ops")
     first.stop()
     # Down for three days; back at 07:20 on the third day.
     back = T0 + timedelta(days=3, minutes=20)
-    second = scheduler(config, rt.directory, FakeClock(back), state_path=state)
+    second = scheduler(
+        config, rt.directory, FakeClock(back), state_path=state, state_store=state_store
+    )
     tick(second, back)
     tick(second, back + timedelta(seconds=1))
     settle(rt, events, "ops")

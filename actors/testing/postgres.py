@@ -21,7 +21,6 @@ from types import TracebackType
 __all__ = ["PostgresServer", "find_pg_bin"]
 
 
-
 def _major(folder: Path) -> int:
     name = folder.parent.name
     return int(name) if name.isdigit() else 0

@@ -1,0 +1,57 @@
+"""What a PostgreSQL store shares between processes: memory entries, one runner per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from actors import Config, ModelConfig, Runtime
+from actors.config import StoreConfig
+from actors.testing import call, reply
+from messages import FailReason, TurnCompleted, TurnFailed
+
+WAIT = 30.0
+
+
+def config(tmp_path: Path, name: str, url: str, base_url: str) -> Config:
+    model = ModelConfig(base_url=base_url, name="local", retries=0)
+    return Config(home=str(tmp_path / name), model=model, store=StoreConfig(url=url))
+
+
+def test_a_line_remembered_in_one_process_reaches_new_baselines_in_another(
+    chat_server, tmp_path: Path, pg_url: str
+) -> None:
+    def script(body: dict[str, Any]) -> Any:
+        if body["messages"][-1]["role"] == "user" and "remember" in body["messages"][-1]["content"]:
+            return call("remember", text="The user's name is Ana.\nShe likes tea.")
+        return reply("ok")
+
+    server = chat_server(script)
+    with (
+        Runtime.start(config(tmp_path, "a", pg_url, server.base_url)) as first,
+        Runtime.start(config(tmp_path, "b", pg_url, server.base_url)) as second,
+    ):
+        assert first.run_turn("writer", "please remember", timeout=WAIT) == TurnCompleted(
+            "writer", "ok"
+        )
+        assert second.run_turn("reader", "hello", timeout=WAIT) == TurnCompleted("reader", "ok")
+    writer_system = server.requests[0]["messages"][0]["content"]
+    reader_system = server.requests[-1]["messages"][0]["content"]
+    assert "Ana" not in writer_system  # a running session's baseline never changes
+    assert reader_system.endswith("# Memory\n\n- The user's name is Ana. She likes tea.")
+
+
+def test_two_processes_never_run_one_session(chat_server, tmp_path: Path, pg_url: str) -> None:
+    server = chat_server(lambda body: reply("ok"))
+    with Runtime.start(config(tmp_path, "a", pg_url, server.base_url)) as first:
+        assert first.run_turn("s", "one", timeout=WAIT) == TurnCompleted("s", "ok")
+        with Runtime.start(config(tmp_path, "b", pg_url, server.base_url)) as second:
+            busy = second.run_turn("s", "two", timeout=WAIT)
+            assert isinstance(busy, TurnFailed) and busy.reason is FailReason.BUSY
+    # The first runtime stopped: its lock went with its connection.
+    with Runtime.start(config(tmp_path, "b", pg_url, server.base_url)) as second:
+        assert second.run_turn("s", "three", timeout=WAIT) == TurnCompleted("s", "ok")
+    assert [m["content"] for m in server.requests[-1]["messages"] if m["role"] == "user"] == [
+        "one",
+        "three",
+    ]
