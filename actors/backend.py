@@ -114,7 +114,12 @@ def shared_memory(config: Config) -> PgMemory | None:
         return None
     from actors.pgstore import PgMemory
 
-    return PgMemory(config.store.url, connect_timeout_s=config.store.connect_timeout_s)
+    return PgMemory(
+        config.store.url,
+        connect_timeout_s=config.store.connect_timeout_s,
+        max_chars=config.memory.max_chars,
+        max_entry_chars=config.memory.max_entry_chars,
+    )
 
 
 def shared_schedule(config: Config) -> PgSchedulerState | None:

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import msgspec
 import psycopg  # the loopd[postgres] extra; open_store explains a missing one
 
+from actors.memory import DEFAULT_MAX_CHARS, DEFAULT_MAX_ENTRY_CHARS, MemoryFailure
 from actors.store import (
     SessionExists,
     SessionInfo,
@@ -43,6 +44,7 @@ from actors.store import (
     StoreError,
     baseline_hash,
 )
+from actors.text import redact
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
@@ -54,7 +56,6 @@ __all__ = [
     "PgSessionStore",
     "SessionHeldElsewhere",
     "lock_key",
-    "redact",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,11 +120,6 @@ def lock_key(session: str) -> int:
     """The advisory lock key of ``session``: 64 bits of SHA-256, as a signed bigint."""
     digest = hashlib.sha256(b"loopd-session:" + session.encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for errors and logs."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def _now() -> str:
@@ -524,9 +520,23 @@ class PgSessionStore:
 
     # Memory entries and scheduler state, shared by every process of a cluster.
 
-    def add_memory(self, text: str) -> None:
-        """Store one memory entry (a line of the shared memory)."""
+    def add_memory(self, text: str, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        """Store one memory entry; :class:`~actors.memory.MemoryFailure` if the entries (one
+        ``- <entry>`` line each) would pass ``max_chars``. Processes add one at a time."""
         with self._transaction("*", "remember") as cur:
+            # One writer at a time across processes, so two cannot both fit the last room.
+            cur.execute("LOCK TABLE loopd_memory IN SHARE ROW EXCLUSIVE MODE")
+            row = cur.execute(
+                "SELECT COALESCE(SUM(length(text) + 3), 0) FROM loopd_memory"
+            ).fetchone()
+            used = int(row[0]) if row is not None else 0
+            chars = used + len(text) + 3
+            if chars > max_chars:
+                raise MemoryFailure(
+                    f"memory is full: the entries would have {chars} characters and "
+                    f"memory.max_chars is {max_chars}; an operator must make room in the "
+                    "loopd_memory table"
+                )
             cur.execute("INSERT INTO loopd_memory (text, at) VALUES (%s, %s)", (text, _now()))
 
     def memory_entries(self) -> list[str]:
@@ -676,14 +686,24 @@ class PgMemory:
 
     Every process of a cluster reads and writes the same entries, so what one session remembers
     reaches the baselines of new sessions on every shard. The block is one ``- <entry>`` line
-    per entry, oldest first (the shape the memory file's ``remember`` writes). It opens its own
-    connection, on first use, so it never waits behind the store actor's.
+    per entry, oldest first (the shape the memory file's ``remember`` writes), at most
+    ``max_chars`` characters. It opens its own connection, on first use, so it never waits
+    behind the store actor's.
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:
-        """Read and write the entries of the database at ``url``."""
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        max_entry_chars: int = DEFAULT_MAX_ENTRY_CHARS,
+    ) -> None:
+        """Read and write the entries of the database at ``url``, within the two limits."""
         self.url = url
         self.connect_timeout_s = connect_timeout_s
+        self.max_chars = max_chars
+        self.max_entry_chars = max_entry_chars
         self._store: PgSessionStore | None = None
         self._lock = threading.Lock()
 
@@ -694,15 +714,31 @@ class PgMemory:
             return self._store
 
     def block(self) -> str:
-        """The entries as ``- <entry>`` lines; raises StoreError if the store is unreachable."""
-        return "".join(f"- {entry}\n" for entry in self._shared().memory_entries())
+        """The entries as ``- <entry>`` lines, cut at ``max_chars`` (with a note); raises
+        StoreError if the store is unreachable (the spawn then fails)."""
+        text = "".join(f"- {entry}\n" for entry in self._shared().memory_entries())
+        if len(text) > self.max_chars:
+            text = text[: self.max_chars] + (
+                f"\n[loopd: the memory is longer than {self.max_chars} characters; "
+                "the rest is left out]\n"
+            )
+        return text
 
     def remember(self, line: str) -> None:
-        """Store ``line`` (one line: runs of white space become one space) as a new entry."""
+        """Store ``line`` (one line: runs of white space become one space) as a new entry.
+
+        Raises :class:`~actors.memory.MemoryFailure` for an empty entry, one longer than
+        ``max_entry_chars``, or when the entries would pass ``max_chars``.
+        """
         text = " ".join(line.split())
         if not text:
-            raise StoreError(None, "there is nothing to remember: the text is empty")
-        self._shared().add_memory(text)
+            raise MemoryFailure("there is nothing to remember: the text is empty")
+        if len(text) > self.max_entry_chars:
+            raise MemoryFailure(
+                f"the entry has {len(text)} characters; memory.max_entry_chars allows "
+                f"{self.max_entry_chars}: remember something shorter"
+            )
+        self._shared().add_memory(text, max_chars=self.max_chars)
 
     def updated(self, session: str, turns: int) -> None:
         """Nothing to do: the entries do not depend on turns."""

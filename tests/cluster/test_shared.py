@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from actors import Config, ModelConfig, Runtime
 from actors.config import StoreConfig
+from actors.memory import MemoryFailure
+from actors.pgstore import PgMemory
 from actors.testing import call, reply
 from messages import FailReason, TurnCompleted, TurnFailed
 
@@ -55,3 +59,19 @@ def test_two_processes_never_run_one_session(chat_server, tmp_path: Path, pg_url
         "one",
         "three",
     ]
+
+
+def test_shared_memory_keeps_its_limits(pg_url: str) -> None:
+    memory = PgMemory(pg_url, max_chars=30, max_entry_chars=16)
+    try:
+        memory.remember("tea,\n  not   coffee")
+        assert memory.block() == "- tea, not coffee\n"
+        with pytest.raises(MemoryFailure, match="max_entry_chars allows 16"):
+            memory.remember("a much longer entry")
+        with pytest.raises(MemoryFailure, match="memory is full"):
+            memory.remember("second line")  # 18 + 14 characters > 30
+        with pytest.raises(MemoryFailure, match="empty"):
+            memory.remember(" \n ")
+        assert PgMemory(pg_url).block() == "- tea, not coffee\n"  # what another process reads
+    finally:
+        memory.close()
