@@ -18,6 +18,7 @@ from messages.runtime import SessionRecord
 if TYPE_CHECKING:
     from actors.config import Config
     from actors.pgstore import PgMemory, PgSchedulerState
+    from actors.store import SessionInfo, StoredMessage
 
 __all__ = ["StoreBackend", "open_store", "shared_memory", "shared_schedule"]
 
@@ -74,6 +75,22 @@ class StoreBackend(Protocol):
 
     def compact_in(self, cur: Any, id: str, summary: ChatMessage) -> None:
         """Replace ``id``'s live history by ``summary``."""
+        ...
+
+    def open(self, id: str) -> SessionRecord:
+        """Read ``id`` back (for a reader: the CLI, the REPL); ``SessionNotFound`` if unknown."""
+        ...
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every stored session's counters, sorted by id."""
+        ...
+
+    def history(self, id: str) -> list[StoredMessage]:
+        """Every stored message of ``id`` in order, compacted ones included."""
+        ...
+
+    def children(self, id: str) -> list[str]:
+        """The stored direct children of ``id``, by call id."""
         ...
 
     def release(self, id: str) -> None:

@@ -11,12 +11,13 @@ from typing import Any
 
 import msgspec
 
+from actors.backend import StoreBackend, open_store
 from actors.config import Config, ConfigError, check_wait
 from actors.lock import HomeInUse
 from actors.reader import StoreReader
 from actors.render import render_event, table
 from actors.runtime import Runtime
-from actors.store import DB_NAME, SessionStore, StoreError
+from actors.store import DB_NAME, StoreError
 from actors.text import escape_controls, redact
 from messages import (
     TurnCompleted,
@@ -133,6 +134,12 @@ def cmd_repl(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     """List stored sessions, or show one."""
     config = _config(args)
+    if config.store.url is not None:  # a PostgreSQL store: read it there
+        shared = open_store(config)
+        try:
+            return print_sessions(shared, args)
+        finally:
+            shared.close()
     home = config.home_path
     if home.exists() and not home.is_dir():
         raise StoreError(None, f"the home {home} is not a folder")
@@ -144,28 +151,33 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         return 0
     # Read-only: listing works on a home this user may not write to, and changes nothing.
     with StoreReader(path) as store:
-        if args.action == "show":
-            return show_session(store, args.id)
-        infos = store.list_sessions()
-        if not infos:
-            print("no sessions")
-            return 0
-        rows = [
-            [
-                i.id,
-                str(i.slot),
-                str(i.turns),
-                "yes" if i.untrusted else "no",
-                str(i.messages),
-                i.updated_at,
-            ]
-            for i in infos
+        return print_sessions(store, args)
+
+
+def print_sessions(store: StoreBackend, args: argparse.Namespace) -> int:
+    """``loopd sessions`` (a table of every session) or ``loopd sessions show ID``."""
+    if args.action == "show":
+        return show_session(store, args.id)
+    infos = store.list_sessions()
+    if not infos:
+        print("no sessions")
+        return 0
+    rows = [
+        [
+            i.id,
+            str(i.slot),
+            str(i.turns),
+            "yes" if i.untrusted else "no",
+            str(i.messages),
+            i.updated_at,
         ]
-        print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+        for i in infos
+    ]
+    print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
     return 0
 
 
-def show_session(store: SessionStore, session: str) -> int:
+def show_session(store: StoreBackend, session: str) -> int:
     """Print one stored session: its counters, children and transcript.
 
     Model and tool text is shown with control characters escaped (``\\x1b``), so a stored

@@ -18,11 +18,11 @@ from typing import Any, TextIO
 import pykka
 
 import messages
+from actors.backend import open_store
 from actors.config import Config, check_wait
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.render import render_event, table
 from actors.runtime import Runtime
-from actors.store import DB_NAME, SessionStore
 from actors.text import escape_controls, redact
 from messages import (
     ChatMessage,
@@ -127,8 +127,11 @@ class Helpers:
         session's is passivated after ``sessions.idle_s``; the next turn rebuilds it).
         """
         status = self.status()
-        with SessionStore(self.rt.config.home_path / DB_NAME) as store:
+        store = open_store(self.rt.config)
+        try:
             infos = store.list_sessions()
+        finally:
+            store.close()
         stored = {i.id for i in infos}
 
         def state(session: str) -> str:
@@ -170,8 +173,11 @@ class Helpers:
         from actors.cli import show_session
 
         check_session_id(session)
-        with SessionStore(self.rt.config.home_path / DB_NAME) as store:
+        store = open_store(self.rt.config)
+        try:
             show_session(store, session)
+        finally:
+            store.close()
         sys.stdout.flush()
 
     # Turns.

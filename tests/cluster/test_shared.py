@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from actors import Config, ModelConfig, Runtime
+from actors.cli import main
 from actors.config import StoreConfig
 from actors.memory import MemoryFailure
 from actors.pgstore import PgMemory
@@ -75,3 +76,20 @@ def test_shared_memory_keeps_its_limits(pg_url: str) -> None:
         assert PgMemory(pg_url).block() == "- tea, not coffee\n"  # what another process reads
     finally:
         memory.close()
+
+
+def test_loopd_sessions_reads_the_postgresql_store(
+    chat_server, tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = chat_server([reply("stored in postgres")])
+    with Runtime.start(config(tmp_path, "a", pg_url, server.base_url)) as rt:
+        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted("s", "stored in postgres")
+    toml = tmp_path / "loopd.toml"
+    toml.write_text(f'home = "{tmp_path / "elsewhere"}"\n[store]\nurl = "{pg_url}"\n')
+    capsys.readouterr()
+    assert main(["sessions", "--config", str(toml)]) == 0
+    listing = capsys.readouterr().out
+    assert listing.splitlines()[1].split()[:5] == ["s", "0", "1", "no", "2"]
+    assert main(["sessions", "show", "s", "--config", str(toml)]) == 0
+    assert "stored in postgres" in capsys.readouterr().out
+    assert not (tmp_path / "elsewhere" / "loopd.db").exists()
