@@ -65,6 +65,9 @@ _T = TypeVar("_T")
 PG_SCHEMA_VERSION = 1
 """The schema this module writes, kept in ``loopd_meta``."""
 
+STATEMENT_TIMEOUT_MS = 30_000
+"""The longest a statement may run on the server before it fails (``statement_timeout``)."""
+
 _SCHEMA_LOCK = 0x6C6F6F7064  # "loopd": one migration at a time across processes
 
 _SCHEMA = (
@@ -174,6 +177,9 @@ class PgSessionStore:
                 self.url,
                 autocommit=True,
                 connect_timeout=max(1, round(self.connect_timeout_s)),
+                # A server that hangs fails the statement instead of the turn waiting forever;
+                # every statement of loopd's is short.
+                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
                 # Keepalives: a server that vanished without closing the socket is noticed.
                 keepalives=1,
                 keepalives_idle=5,
