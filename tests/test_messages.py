@@ -37,6 +37,7 @@ from messages import (
     OpenSession,
     PortCall,
     ProposedCall,
+    ReleaseSession,
     RunTurn,
     SessionCrashed,
     SessionId,
@@ -176,8 +177,15 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         session="mm-thread", text="hello", speaker="ann", reply_to="supervisor"
     ),
     StoreFailed: lambda: StoreFailed(
-        session="mm-thread", detail="exists", exists=True, request_id=4, missing=True, taken=True
+        session="mm-thread",
+        detail="exists",
+        exists=True,
+        request_id=4,
+        missing=True,
+        taken=True,
+        held_elsewhere=True,
     ),
+    ReleaseSession: lambda: ReleaseSession(session="sub-mm-thread-1"),
     SubagentCompleted: lambda: SubagentCompleted(
         parent="mm-thread",
         call_id=1,
