@@ -28,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import msgspec
@@ -126,9 +126,8 @@ def lock_key(session: str) -> int:
 
 
 def _now() -> str:
-    from actors.store import _now as now  # one clock format for both stores
-
-    return now()
+    """The current time as the SQLite store writes it: RFC 3339 UTC, milliseconds, ``Z``."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class PgSessionStore:

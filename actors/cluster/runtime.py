@@ -83,6 +83,8 @@ class ClusterRuntime(Runtime):
 
     def __init__(self, config: Config, shards: list[Any], owns_ray: bool) -> None:
         """Use started ``shards`` (Ray actor handles); shut Ray down at stop if ``owns_ray``."""
+        # Not Runtime.__init__: that one takes the actors of one process, which live in the
+        # shards here. The facade's calls are all overridden below.
         self.config = config
         self.directory = Directory()
         self._subscribers = Subscribers()
