@@ -225,3 +225,20 @@ def test_a_cluster_refuses_in_process_parts(loopd_config: Config):
 
     with pytest.raises(ValueError, match="model=, memory= and clock= are for one process"):
         Runtime.start(loopd_config, model=ScriptedModel([reply("x")]))
+
+
+def test_a_child_id_that_would_not_fit_is_denied_on_the_shard(
+    chat_server, loopd_runtime, loopd_config, pg_url
+):
+    parent = "a" * 59
+    server = chat_server(spawning_parent(lambda body: reply("never")))
+    rt = loopd_runtime(config=wire_config(loopd_config, server.base_url))
+    outcome = rt.run_turn(parent, "go", timeout=WAIT)
+    assert outcome == TurnCompleted(
+        parent,
+        "Denied: the arguments are not valid for this tool: "
+        f"child session id `sub-{parent}-1` would not fit; see docs/runbook.md#subagent-id.",
+    )
+    assert [body["id_slot"] for body in server.requests] == [0, 0]
+    with PgSessionStore(pg_url) as store:
+        assert [info.id for info in store.list_sessions()] == [parent]  # no child was stored
