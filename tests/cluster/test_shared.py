@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from actors import Config, ModelConfig, Runtime
 from actors.cli import main
 from actors.config import StoreConfig
 from actors.memory import MemoryFailure
-from actors.pgstore import PgMemory
+from actors.pgstore import PgMemory, PgSessionStore, SessionHeldElsewhere
 from actors.testing import call, reply
 from messages import FailReason, TurnCompleted, TurnFailed
 
@@ -93,3 +94,25 @@ def test_loopd_sessions_reads_the_postgresql_store(
     assert main(["sessions", "show", "s", "--config", str(toml)]) == 0
     assert "stored in postgres" in capsys.readouterr().out
     assert not (tmp_path / "elsewhere" / "loopd.db").exists()
+
+
+def test_a_passivated_session_lets_another_process_take_it(
+    chat_server, tmp_path: Path, pg_url: str
+) -> None:
+    server = chat_server(lambda body: reply("ok"))
+    cfg = config(tmp_path, "a", pg_url, server.base_url)
+    cfg = cfg.replace(sessions=msgspec.structs.replace(cfg.sessions, max_live=1))
+    with Runtime.start(cfg) as rt, PgSessionStore(pg_url) as other:
+        assert rt.run_turn("first", "one", timeout=WAIT) == TurnCompleted("first", "ok")
+        (held,) = other.run_batch([("first", lambda cur: other.open_in(cur, "first"))])
+        assert isinstance(held, SessionHeldElsewhere)
+        # Opening a second session passivates the first (max_live = 1), and lets go of it; a
+        # second turn of "second" is stored after that release.
+        assert rt.run_turn("second", "two", timeout=WAIT) == TurnCompleted("second", "ok")
+        assert rt.run_turn("second", "three", timeout=WAIT) == TurnCompleted("second", "ok")
+        (taken,) = other.run_batch([("first", lambda cur: other.open_in(cur, "first"))])
+        assert not isinstance(taken, Exception), taken
+        busy = rt.run_turn("first", "four", timeout=WAIT)
+        assert isinstance(busy, TurnFailed) and busy.reason is FailReason.BUSY
+        other.release("first")
+        assert rt.run_turn("first", "five", timeout=WAIT) == TurnCompleted("first", "ok")
