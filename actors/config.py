@@ -212,6 +212,17 @@ class ModelConfig(_Section, frozen=True):
     """The first retry's wait; each further retry waits twice as long."""
     retry_max_wait_s: Annotated[float, Meta(ge=0)] = 30.0
     """The longest wait before a retry, a server's Retry-After included."""
+    max_tokens: Annotated[int, Meta(ge=1)] = 2048
+    """The longest answer, in tokens, sent as ``max_tokens`` with every request."""
+    on_length: str = "fail"
+    """A final answer cut off at ``max_tokens``: ``"fail"`` the turn, or ``"keep"`` it marked
+    truncated."""
+    context_tokens: Annotated[int, Meta(ge=1)] | None = None
+    """A slot's context size in tokens; none: read from llama.cpp's ``GET /props`` at start."""
+
+    def __post_init__(self) -> None:
+        if self.on_length not in ("fail", "keep"):
+            raise ValueError(f'on_length must be "fail" or "keep", not {self.on_length!r}')
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -352,6 +363,9 @@ class CompactConfig(_Section, frozen=True):
     """Cap of a compaction summary and of a subagent's summary to its parent."""
     threshold_chars: Annotated[int, Meta(ge=1)] = 200_000
     """A transcript longer than this (in characters, after the baseline) is compacted."""
+    threshold_ratio: Annotated[float, Meta(gt=0, le=1)] = 0.75
+    """When the context size is known: compact before a request would fill more than this
+    share of it (measured in the tokens the server reports)."""
 
 
 class PortConfig(_Section, frozen=True):

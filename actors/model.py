@@ -25,7 +25,15 @@ import httpx
 import msgspec
 
 from actors.config import ModelConfig
-from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec
+from messages import (
+    ChatMessage,
+    ModelAnswer,
+    ModelRequest,
+    ProposedCall,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 
 __all__ = [
     "AsyncChatModel",
@@ -34,8 +42,12 @@ __all__ = [
     "ModelFailure",
     "answer_too_large",
     "encode_body",
+    "error_detail",
+    "http_failure",
+    "is_json_object",
     "is_retryable",
     "parse_answer",
+    "parse_usage",
     "props_url",
     "read_total_slots",
     "request_body",
@@ -50,8 +62,23 @@ _MIN_CONNECTIONS = 64
 # connections are spread over several clients.
 _CONNECTIONS_PER_CLIENT = 64
 
-# How much of an error response's body goes into the failure message.
-_ERROR_BODY_CHARS = 200
+# How much of a server's error message goes into the failure message: enough for any real one.
+_ERROR_MESSAGE_CHARS = 1000
+
+# Error types (the ``error.type`` of an error body) that name a fault of the request itself,
+# so the same request fails the same way again: no retry, whatever the status.
+_DETERMINISTIC_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "not_supported_error",
+        "exceed_context_size_error",
+        "BadRequestError",  # vLLM's name for a 400
+    }
+)
+_CONTEXT_EXCEEDED_TYPE = "exceed_context_size_error"
 
 # Statuses a retry can help: rate limited, or a server error that may be passing.
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -70,7 +97,18 @@ _JITTER = 0.1
 
 
 class ModelFailure(Exception):
-    """A model request failed; ``str(failure)`` is a human sentence naming the cause."""
+    """A model request failed; ``str(failure)`` is a human sentence naming the cause.
+
+    ``context_exceeded`` is true when the server refused the prompt as longer than its context;
+    ``context_tokens`` is then that context's size, when the server said it.
+    """
+
+    def __init__(
+        self, message: str, *, context_exceeded: bool = False, context_tokens: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.context_exceeded = context_exceeded
+        self.context_tokens = context_tokens
 
     cut = False
     """True when the last attempt was cut off (a deadline, a body over the cap) while the
@@ -119,12 +157,23 @@ def _call_id(number: int) -> str:
     return f"call_{number}"
 
 
+def is_json_object(text: str) -> bool:
+    """True if ``text`` parses as a JSON object (what a server accepts as tool-call arguments)."""
+    try:
+        return isinstance(msgspec.json.decode(text), dict)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+
+
 def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
+    # The text goes back exactly as stored, so the prompt prefix is unchanged; only a stored
+    # text a server cannot parse (written before raw_arguments existed) is sent as {}: servers
+    # refuse a whole request over one such call, which would stick the session for good.
+    arguments = call.arguments if is_json_object(call.arguments) else "{}"
     return {
         "id": _call_id(call.id),
         "type": "function",
-        # The raw text goes back exactly as the model wrote it, so the prompt prefix is unchanged.
-        "function": {"name": call.name, "arguments": call.arguments},
+        "function": {"name": call.name, "arguments": arguments},
     }
 
 
@@ -160,14 +209,18 @@ def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def request_body(model_name: str, request: ModelRequest) -> dict[str, Any]:
+def request_body(
+    model_name: str, request: ModelRequest, *, max_tokens: int | None = None
+) -> dict[str, Any]:
     """The chat-completions body of ``request``, as a JSON-ready dict.
 
     ``request.messages`` already starts with the system message. Tool calls and results use the
     standard ``tool_calls`` / ``role: "tool"`` shapes with ids ``call_<n>``; ``tools`` is left out
     when there are none; ``id_slot`` is the request's slot and ``cache_prompt`` is true so
-    llama.cpp reuses the slot's cached prefix. A function of ``request`` only: nothing
-    time-varying goes in. Raises ``ValueError`` for a tool message without ``tool_call_id``.
+    llama.cpp reuses the slot's cached prefix; ``max_tokens``, when given, bounds the answer.
+    Tool-call arguments that are not a JSON object go as ``{}``. A function of its arguments
+    only: nothing time-varying goes in. Raises ``ValueError`` for a tool message without
+    ``tool_call_id``.
     """
     body: dict[str, Any] = {
         "model": model_name,
@@ -175,19 +228,21 @@ def request_body(model_name: str, request: ModelRequest) -> dict[str, Any]:
     }
     if request.tools:
         body["tools"] = [_wire_tool(tool) for tool in request.tools]
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     body["id_slot"] = request.slot
     body["cache_prompt"] = True
     return body
 
 
-def encode_body(model_name: str, request: ModelRequest) -> bytes:
+def encode_body(model_name: str, request: ModelRequest, *, max_tokens: int | None = None) -> bytes:
     """:func:`request_body` as the exact bytes sent: compact JSON with sorted object keys.
 
     Sorting makes equal requests encode to equal bytes even when a tool's ``parameters`` dict
     was built in another key order (after a restart, say), so the server's prompt cache of a
     session's prefix stays valid. Raises ``ValueError`` if the request cannot be encoded.
     """
-    body = request_body(model_name, request)
+    body = request_body(model_name, request, max_tokens=max_tokens)
     try:
         return msgspec.json.encode(body, order="deterministic")
     except (msgspec.EncodeError, TypeError) as exc:
@@ -221,12 +276,41 @@ def _proposed_call(index: int, item: object) -> ProposedCall:
     return ProposedCall(name=name, arguments=_arguments_text(function.get("arguments")))
 
 
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def parse_usage(data: Mapping[str, Any]) -> Usage:
+    """The ``usage`` of a chat-completions response as a :class:`Usage` of one request.
+
+    ``cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``, or llama.cpp's
+    ``timings.cache_n`` when that is absent. Missing or malformed counts are zero; no ``usage``
+    at all is ``Usage()``, all zeros (``requests`` too).
+    """
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return Usage()
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    timings = data.get("timings")
+    if not cached and isinstance(timings, dict):
+        cached = _count(timings.get("cache_n"))
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=cached,
+        requests=1,
+    )
+
+
 def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
     """Parse a chat-completions response body into the answer to request ``request_id``.
 
     Takes ``choices[0].message``: its ``content`` (may be null) and its ``tool_calls``, whose
-    ``function.arguments`` text is kept exactly as sent (an object is encoded to compact JSON).
-    Raises :class:`ModelFailure` naming what is wrong when the body is not such a response.
+    ``function.arguments`` text is kept exactly as sent (an object is encoded to compact JSON);
+    ``choices[0].finish_reason == "length"`` marks it truncated; ``usage`` is read with
+    :func:`parse_usage`. Raises :class:`ModelFailure` naming what is wrong when the body is not
+    such a response.
     """
     try:
         data = msgspec.json.decode(body)
@@ -252,21 +336,86 @@ def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
     if not isinstance(raw_calls, list):
         raise ModelFailure("the model's answer has tool_calls that are not a list")
     calls = tuple(_proposed_call(index, item) for index, item in enumerate(raw_calls, start=1))
-    return ModelAnswer(session=session, request_id=request_id, content=content, tool_calls=calls)
+    return ModelAnswer(
+        session=session,
+        request_id=request_id,
+        content=content,
+        tool_calls=calls,
+        usage=parse_usage(data),
+        truncated=choice.get("finish_reason") == "length",
+    )
 
 
 # --- retries --------------------------------------------------------------------------------
 
 
-def is_retryable(failure: httpx.HTTPError | int) -> bool:
-    """Whether a retry can help after ``failure``: a transport error, or an HTTP status code.
+def _error_fields(body: bytes) -> tuple[str, str | None, int | None]:
+    """The ``(message, type, n_ctx)`` of an error body; the body's text when it is not JSON.
 
-    True for no connection, a connection reset, a timeout, and HTTP 429, 500, 502, 503 and 504;
-    false for anything else (another 4xx, say). An answer that cannot be parsed is never retried.
+    Reads llama.cpp's and OpenAI's ``{"error": {"message", "type"}}``, vLLM's top-level
+    ``message``/``type`` and Ollama's ``{"error": "<text>"}``.
+    """
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return text, None, None
+    if not isinstance(data, dict):
+        return text, None, None
+    error = data.get("error")
+    if isinstance(error, str):
+        return error, None, None
+    fields = error if isinstance(error, dict) else data
+    message = fields.get("message")
+    kind = fields.get("type")
+    n_ctx = _count(fields.get("n_ctx")) or None
+    return (
+        message if isinstance(message, str) else text,
+        kind if isinstance(kind, str) else None,
+        n_ctx,
+    )
+
+
+def is_retryable(failure: httpx.HTTPError | int, body: bytes = b"") -> bool:
+    """Whether a retry can help after ``failure``: a transport error, or an HTTP status code
+    with the response ``body``.
+
+    True for no connection, a connection reset, a timeout, and HTTP 429, 500, 502, 503 and 504,
+    unless the body's error type names a fault of the request itself (``invalid_request_error``,
+    ``exceed_context_size_error``...); false for anything else (another 4xx, say). An answer
+    that cannot be parsed is never retried.
     """
     if isinstance(failure, int):
-        return failure in _RETRY_STATUSES
+        if failure not in _RETRY_STATUSES:
+            return False
+        return _error_fields(body)[1] not in _DETERMINISTIC_TYPES
     return isinstance(failure, _RETRY_ERRORS)
+
+
+def error_detail(message: str, limit: int = _ERROR_MESSAGE_CHARS) -> str:
+    """``message`` whole when it has at most ``limit`` characters; else cut at the last word
+    boundary before it, saying so: ``... (cut at 1000 of 5230 characters)``."""
+    message = message.strip()
+    if len(message) <= limit:
+        return message
+    head = message[:limit]
+    space = head.rfind(" ")
+    if space > limit // 2:
+        head = head[:space]
+    return f"{head.rstrip()} ... (cut at {len(head.rstrip())} of {len(message)} characters)"
+
+
+def http_failure(url: str, status: int, body: bytes) -> ModelFailure:
+    """The :class:`ModelFailure` of an HTTP error answer: status, error type and the server's
+    message (see :func:`error_detail`), flagged when the prompt exceeded the context."""
+    message, kind, n_ctx = _error_fields(body)
+    named = f"HTTP {status} ({kind})" if kind else f"HTTP {status}"
+    exceeded = kind == _CONTEXT_EXCEEDED_TYPE or "exceeds the available context size" in message
+    return ModelFailure(
+        f"the model at {url} answered {named}: {error_detail(message)}",
+        context_exceeded=exceeded,
+        context_tokens=n_ctx,
+    )
 
 
 def _retry_after_s(value: str | None) -> float | None:
@@ -315,6 +464,8 @@ class _Failed(Exception):
         cut: bool,
         headers: httpx.Headers | None = None,
         error: BaseException | None = None,
+        context_exceeded: bool = False,
+        context_tokens: int | None = None,
     ) -> None:
         super().__init__(cause)
         self.cause = cause
@@ -322,6 +473,8 @@ class _Failed(Exception):
         self.cut = cut
         self.headers = headers
         self.error = error
+        self.context_exceeded = context_exceeded
+        self.context_tokens = context_tokens
 
 
 class _TooLarge(Exception):
@@ -405,7 +558,7 @@ class HttpChatModel:
         a wait before a retry included.
         """
         try:
-            content = encode_body(self._config.name, request)
+            content = encode_body(self._config.name, request, max_tokens=self._config.max_tokens)
         except ValueError as exc:
             raise ModelFailure(f"cannot send the request to the model: {exc}") from exc
         attempt = 0
@@ -422,7 +575,11 @@ class HttpChatModel:
                     cause = failed.cause
                     if attempt:
                         cause += f" (after {attempt + 1} attempts)"
-                    failure = ModelFailure(cause)
+                    failure = ModelFailure(
+                        cause,
+                        context_exceeded=failed.context_exceeded,
+                        context_tokens=failed.context_tokens,
+                    )
                     failure.cut = failed.cut
                     raise failure from failed.error
                 delay = retry_delay(attempt, failed.headers, self._config)
@@ -459,10 +616,16 @@ class HttpChatModel:
         status = response.status_code
         if response.is_success:
             return parse_answer(request.session, request.request_id, body)
-        excerpt = body.decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
-        cause = f"the model at {self._url} answered HTTP {status}: {excerpt}"
+        failure = http_failure(self._url, status, body)
         headers = response.headers if status in _RETRY_AFTER_STATUSES else None
-        raise _Failed(cause, retry=is_retryable(status), cut=False, headers=headers)
+        raise _Failed(
+            str(failure),
+            retry=is_retryable(status, body),
+            cut=False,
+            headers=headers,
+            context_exceeded=failure.context_exceeded,
+            context_tokens=failure.context_tokens,
+        )
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()

@@ -338,7 +338,7 @@ class ModelService:
             return answer
         except ModelFailure as exc:
             cut = exc.cut  # a last attempt cut off: the server may still generate on the slot
-            return ModelError(request.session, request.request_id, self.scrub(str(exc)))
+            return self._failed(request, exc)
         except Exception as exc:
             log.error("model client failed: %s", self.scrub(traceback.format_exc()))
             return model_error(request, exc, self.scrub)
@@ -362,10 +362,20 @@ class ModelService:
             answer: ModelAnswer = await asyncio.wrap_future(future)
             return answer
         except ModelFailure as exc:
-            return ModelError(request.session, request.request_id, self.scrub(str(exc)))
+            return self._failed(request, exc)
         except Exception as exc:
             log.error("model client failed: %s", self.scrub(traceback.format_exc()))
             return model_error(request, exc, self.scrub)
+
+    def _failed(self, request: ModelRequest, exc: ModelFailure) -> ModelError:
+        """The ModelError of a failure, with its scrubbed text and its context flags."""
+        return ModelError(
+            request.session,
+            request.request_id,
+            self.scrub(str(exc)),
+            context_exceeded=exc.context_exceeded,
+            context_tokens=exc.context_tokens,
+        )
 
     # Slots.
 

@@ -14,6 +14,7 @@ from messages.chat import (
     ModelRequest,
     ProposedCall,
     SlotPool,
+    Usage,
 )
 from messages.events import (
     Compacted,
@@ -150,6 +151,7 @@ __all__ = [
     "TurnFailed",
     "TurnOutcome",
     "TurnStarted",
+    "Usage",
     "check_session_id",
     "check_text",
     "check_top_level_session",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from msgspec import field
+
 from messages.base import Message
 from messages.ids import CallId, SessionId
 from messages.tools import ToolCall, ToolSpec
@@ -17,6 +19,7 @@ __all__ = [
     "ModelRequest",
     "ProposedCall",
     "SlotPool",
+    "Usage",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -74,11 +77,28 @@ class ProposedCall(Message, frozen=True):
     arguments: str
 
 
+class Usage(Message, frozen=True):
+    """Tokens one or more model requests cost, as the server reported them.
+
+    ``cached_tokens`` are the prompt tokens the server reused from its cache (llama.cpp's
+    ``timings.cache_n``); ``requests`` counts the requests summed here. A server that reports no
+    usage counts as zero tokens.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+
+
 class ModelAnswer(Message, frozen=True):
     """The model's answer to request ``request_id``.
 
     ``slot`` is the slot it ran on and ``slot_wait_s`` how long it waited for that slot to be
     free (None and 0 where the model has no slots).
+
+    ``truncated`` is true when the server stopped it at ``max_tokens`` (``finish_reason:
+    "length"``): its text or its tool calls are cut off.
     """
 
     session: SessionId
@@ -87,14 +107,23 @@ class ModelAnswer(Message, frozen=True):
     tool_calls: tuple[ProposedCall, ...] = ()
     slot: int | None = None
     slot_wait_s: float = 0.0
+    usage: Usage = field(default_factory=Usage)
+    truncated: bool = False
 
 
 class ModelError(Message, frozen=True):
-    """Request ``request_id`` failed; ``detail`` names the cause."""
+    """Request ``request_id`` failed; ``detail`` names the cause.
+
+    ``context_exceeded`` is true when the server refused the prompt as longer than its context
+    (llama.cpp's ``exceed_context_size_error``); ``context_tokens`` is that context's size in
+    tokens when the server said it.
+    """
 
     session: SessionId
     request_id: int
     detail: str
+    context_exceeded: bool = False
+    context_tokens: int | None = None
 
 
 ModelReply = ModelAnswer | ModelError

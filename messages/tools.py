@@ -59,11 +59,22 @@ def denial_message(reason: DenyReason, detail: str | None = None) -> str:
 
 
 class ToolCall(Message, frozen=True):
-    """One tool call of a model answer; ``arguments`` is the model's raw JSON text."""
+    """One tool call of a model answer; ``arguments`` is the model's raw JSON text.
+
+    When the model's text is not a JSON object, ``arguments`` is ``{}`` (what goes back to the
+    server, which refuses a history with unparseable arguments) and ``raw_arguments`` keeps the
+    model's text for dispatch, display and events. :attr:`as_written` is the model's text.
+    """
 
     id: CallId
     name: str
     arguments: str
+    raw_arguments: str | None = None
+
+    @property
+    def as_written(self) -> str:
+        """The arguments exactly as the model wrote them."""
+        return self.arguments if self.raw_arguments is None else self.raw_arguments
 
 
 class ToolResult(Message, frozen=True):

@@ -65,10 +65,15 @@ class StartTurn(Message, frozen=True):
 
 
 class TurnCompleted(Message, frozen=True):
-    """A turn ended with the model's answer ``content``."""
+    """A turn ended with the model's answer ``content``.
+
+    ``truncated`` is true when that answer was cut off at ``model.max_tokens`` and
+    ``model.on_length`` is ``"keep"``.
+    """
 
     session: SessionId
     content: str
+    truncated: bool = False
 
 
 class TurnFailed(Message, frozen=True):

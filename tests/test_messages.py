@@ -61,6 +61,7 @@ from messages import (
     TurnEnded,
     TurnFailed,
     TurnStarted,
+    Usage,
     check_session_id,
     denial_message,
 )
@@ -120,7 +121,10 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         tool_calls=(ProposedCall(name="clock", arguments="{}"),),
         slot=2,
         slot_wait_s=0.25,
+        usage=Usage(prompt_tokens=1755, completion_tokens=12, cached_tokens=1680, requests=1),
+        truncated=True,
     ),
+    Usage: lambda: Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=8, requests=1),
     ModelAnswered: lambda: ModelAnswered(
         session="mm-thread",
         step=2,
@@ -130,7 +134,13 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         slot_wait_s=0.25,
         at=AT,
     ),
-    ModelError: lambda: ModelError(session="mm-thread", request_id=9, detail="HTTP 503"),
+    ModelError: lambda: ModelError(
+        session="mm-thread",
+        request_id=9,
+        detail="HTTP 400",
+        context_exceeded=True,
+        context_tokens=4096,
+    ),
     ModelRequest: lambda: ModelRequest(
         session="mm-thread",
         request_id=9,
