@@ -22,6 +22,7 @@ from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
 from actors.dispatcher import Dispatcher
 from actors.events import EventBus, Subscribers
+from actors.llama import read_props
 from actors.lock import HomeLock
 from actors.memory import MemorySource, default_memory
 from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure, read_total_slots
@@ -74,6 +75,15 @@ def resolve_config(config: Config) -> Config:
             scrubbed = redact(str(exc), secrets=config.model.secrets())
             raise ConfigError(f'slots.total = "auto": {scrubbed}') from None
     return config.replace(slots=slots.resolved(total))
+
+
+def _context_tokens(config: Config, *, own_model: bool) -> int | None:
+    """A slot's context size: configured, or read from a llama.cpp server's ``/props``."""
+    if config.model.context_tokens is not None or not own_model:
+        return config.model.context_tokens
+    api_key = config.model.api_key()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    return read_props(config.model.base_url, headers).slot_context_tokens
 
 
 class _Waiter:
@@ -232,6 +242,10 @@ class Runtime:
             max_depth=config.loop.max_depth,
             max_children=config.loop.max_children,
             untrusted_may_remember=config.memory.allow_untrusted_writes,
+            context_tokens=_context_tokens(config, own_model=model is None),
+            threshold_ratio=config.compact.threshold_ratio,
+            max_tokens=config.model.max_tokens,
+            keep_truncated=config.model.on_length == "keep",
         )
         dispatcher = Dispatcher(config.runtime.threads, name="loopd")
         env = SessionEnv(directory, registry, limits, clock, itertools.count(1), dispatcher)

@@ -12,13 +12,23 @@ drive a whole turn, compaction included, without a thread. The rules it keeps:
 - ``loop.max_steps`` model requests at most; calls still asked for at the limit are answered
   with a step-limit denial so the transcript stays valid, and the turn fails with TURN_LIMIT;
 - after the turn, a transcript past ``compact.threshold_chars`` is summarised on the session's
-  own slot; a failed compaction never changes the turn's outcome.
+  own slot; a failed compaction never changes the turn's outcome;
+- when a slot's context size is known, a request whose prompt would fill more than
+  ``compact.threshold_ratio`` of it first compacts the history before this turn (this turn's
+  messages are kept as they are), and a request the server refuses as too long is compacted and
+  sent once more. Prompt sizes are the tokens the server reported for the last request, plus
+  the new messages counted at :data:`CHARS_PER_TOKEN`;
+- an answer cut off at ``max_tokens`` never runs its tool calls, and a cut-off final answer
+  fails the turn unless ``model.on_length`` keeps it;
+- tool-call arguments that are not a JSON object are stored as ``{}`` with the model's text in
+  ``raw_arguments``: servers refuse a history holding unparseable arguments.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +44,7 @@ from actors.dispatch import (
     depth_of,
 )
 from actors.dispatch import dispatch as route_call
+from actors.model import is_json_object
 from actors.text import cap_chars, neutralise
 from messages import (
     Baseline,
@@ -47,6 +58,7 @@ from messages import (
     ModelAnswered,
     ModelError,
     ModelRequestSent,
+    ProposedCall,
     SessionRecord,
     SubagentCompleted,
     SubagentResult,
@@ -64,6 +76,7 @@ from messages import (
 )
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "COMPACT_INSTRUCTION",
     "SUMMARY_PREFIX",
     "CallPort",
@@ -90,6 +103,18 @@ COMPACT_INSTRUCTION = (
     "questions and results that matter. Answer with the summary only."
 )
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+CHARS_PER_TOKEN = 3
+"""Characters counted as one token for text the server has not counted yet. Tokenizers make
+about 4 characters a token of English prose, fewer of code and JSON; 3 errs towards compacting
+a little early rather than a request the server refuses."""
+
+# Tokens a chat template adds around each message (role markers, separators).
+_TOKENS_PER_MESSAGE = 4
+
+
+def _tokens(chars: int, messages: int = 0) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN) + messages * _TOKENS_PER_MESSAGE
 
 
 def message_chars(messages: Iterable[ChatMessage]) -> int:
@@ -122,6 +147,12 @@ class SessionState:
     """Whether ``slot`` holds this session's prompt: a model answer came from it in this
     actor's life. Only then do requests ask for that slot (otherwise every new session would
     ask for its pool's first slot, and evict the last one's cache)."""
+    # Not stored: what the server last counted. ``known_tokens`` is the prompt tokens of the
+    # system message, tools and the first ``known_messages`` transcript messages.
+    known_tokens: int = 0
+    known_messages: int = 0
+    context_tokens: int | None = None
+    """A slot's context size, once a server's refusal told it (overrides the configured one)."""
     _chars: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -174,6 +205,27 @@ class SessionState:
         """Characters of the transcript after the baseline (what compaction is measured on)."""
         return self._chars
 
+    def baseline_tokens(self) -> int:
+        """An estimate of the system message and the tools, in tokens."""
+        tools = sum(
+            len(t.name) + len(t.description) + len(repr(t.parameters)) for t in self.baseline.tools
+        )
+        return _tokens(len(self.baseline.system) + tools, 1)
+
+    def prompt_tokens(self, extra: tuple[ChatMessage, ...] = ()) -> int:
+        """An estimate of the next request's prompt tokens, with ``extra`` messages after the
+        transcript: the server's count of the last request, plus the messages since."""
+        if 0 < self.known_messages <= len(self.transcript):
+            base, rest = self.known_tokens, self.transcript[self.known_messages :]
+        else:
+            base, rest = self.baseline_tokens(), self.transcript
+        rest = [*rest, *extra]
+        return base + _tokens(message_chars(rest), len(rest))
+
+    def forget_counts(self) -> None:
+        """The transcript changed under the server's count (compaction): estimate afresh."""
+        self.known_tokens = self.known_messages = 0
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -186,11 +238,17 @@ class Limits:
     max_depth: int = 4
     max_children: int = 8
     untrusted_may_remember: bool = False
+    context_tokens: int | None = None
+    """A slot's context size in tokens; None: unknown (compaction counts characters)."""
+    threshold_ratio: float = 0.75
+    max_tokens: int = 2048
+    keep_truncated: bool = False
+    """``model.on_length = "keep"``: a cut-off final answer completes, marked truncated."""
 
 
 def _unanswered(state: SessionState, registry: Registry, call: ToolCall, now: datetime) -> str:
     """The result text of a call that will never get its own: ``<child> failed`` for a child."""
-    if isinstance(route_call(registry, call.name, call.arguments, now), SpawnChild):
+    if isinstance(route_call(registry, call.name, call.as_written, now), SpawnChild):
         with contextlib.suppress(ArgumentError):
             return f"{child_id(state.id, call.id)} failed"
     return denial_message(DenyReason.INTERRUPTED)
@@ -358,6 +416,15 @@ class Turn:
     _results: dict[int, ToolResult] = field(default_factory=dict)
     _summary: ChatMessage | None = None
     _finished: bool = False
+    _turn_start: int = 0  # index of this turn's user message in the transcript
+    _asked_len: int = 0  # transcript messages the request in flight carries
+    _truncated: bool = False  # the answer being dispatched was cut off at max_tokens
+    # A compaction in the middle of the turn: what follows it, and what follows its failure.
+    _keep: tuple[ChatMessage, ...] = ()
+    _after_compact: Callable[[], list[Effect]] | None = None
+    _if_not_compacted: Callable[[str], list[Effect]] | None = None
+    _compacted_early: bool = False
+    _retried_too_long: bool = False
 
     # Inputs.
 
@@ -371,11 +438,13 @@ class Turn:
             raise RuntimeError("a turn can only start once")
         event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
         if stored:
+            self._turn_start = len(self.state.transcript) - 1
             return [event, *self._ask()]
         self.state.turns += 1
         # A turn cut off by a crash left calls without results: answer them first.
         repairs = repair_results(self.state, self.registry, self.clock())
         user = ChatMessage(role="user", content=text, name=speaker)
+        self._turn_start = len(self.state.transcript) + len(repairs)
         return [event, *self._save((*repairs, user), self._ask)]
 
     def persisted(self, request_id: int) -> list[Effect]:
@@ -414,6 +483,9 @@ class Turn:
             return self._summarised(answer.content or "")
         if self.phase is not _Phase.ASKING:
             return []
+        if answer.usage.prompt_tokens > 0:
+            self.state.known_tokens = answer.usage.prompt_tokens
+            self.state.known_messages = self._asked_len
         names = tuple(call.name for call in answer.tool_calls)
         effects: list[Effect] = [
             Emit(
@@ -429,28 +501,42 @@ class Turn:
         ]
         if not answer.tool_calls:
             content = answer.content or ""
-            done = TurnCompleted(self.state.id, content)
+            if answer.truncated and not self.limits.keep_truncated:
+                # Not stored: the next turn should not read a half answer as said.
+                return effects + self.finish_turn(
+                    TurnFailed(self.state.id, FailReason.MODEL_ERROR, self._cut_off_detail())
+                )
+            done = TurnCompleted(self.state.id, content, truncated=answer.truncated)
             final = ChatMessage(role="assistant", content=content)
             return effects + self._save((final,), lambda: self.finish_turn(done))
         calls = []
         for proposed in answer.tool_calls:
-            calls.append(ToolCall(self.state.next_call_id, proposed.name, proposed.arguments))
+            calls.append(self._number(proposed))
             self.state.next_call_id += 1
         self._calls = calls
         self._results = {}
+        self._truncated = answer.truncated
         assistant = ChatMessage(role="assistant", content=answer.content, tool_calls=tuple(calls))
         if self.step >= self.limits.max_steps:
             return effects + self._refuse_at_limit(assistant)
         return effects + self._save((assistant,), self._dispatch)
 
     def model_error(self, error: ModelError) -> list[Effect]:
-        """The model request failed."""
+        """The model request failed; a prompt the server found too long is compacted and sent
+        once more."""
         if error.request_id != self._waiting_for:
             return []
         self._waiting_for = None
         if self.phase is _Phase.SUMMARISING:
             return self._compaction_failed(f"the model could not summarise: {error.detail}")
-        return self.finish_turn(TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail))
+        failed = TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail)
+        if error.context_exceeded and not self._retried_too_long and self._turn_start > 0:
+            self._retried_too_long = True
+            if error.context_tokens:
+                self.state.context_tokens = error.context_tokens
+            self.step -= 1  # the refused request is sent again, as the same step
+            return self._compact_in_turn(self._send, lambda _detail: self.finish_turn(failed))
+        return self.finish_turn(failed)
 
     def tool_result(self, result: ToolResult) -> list[Effect]:
         """A dispatched call has its result; once all have, they go back in call order."""
@@ -485,6 +571,13 @@ class Turn:
         if self.outcome is not None:
             return [*effects, *self._finish()]
         now = self.clock()
+        if self.phase is _Phase.COMPACTING and self._summary is not None and self._keep:
+            # The store compacts whatever happens now: hold what it will hold, this turn's
+            # messages after the summary, so the transcript and the store stay one.
+            self.state.replace([self._summary, *self._keep])
+            self.state.forget_counts()
+            effects.append(Persist(next(self.ids), self._keep))
+            self._keep = ()
         if self.phase is _Phase.CALLING:
             # Results that arrived are kept; only the missing ones are made up.
             repairs = tuple(
@@ -539,9 +632,39 @@ class Turn:
         self._after_save = then
         return [Persist(self._next_id(), messages)]
 
+    def _number(self, proposed: ProposedCall) -> ToolCall:
+        """The next call id for ``proposed``; arguments a server could not parse are kept aside."""
+        call_id = self.state.next_call_id
+        if is_json_object(proposed.arguments):
+            return ToolCall(call_id, proposed.name, proposed.arguments)
+        return ToolCall(call_id, proposed.name, "{}", raw_arguments=proposed.arguments)
+
+    def _cut_off_detail(self) -> str:
+        return (
+            f"the model's answer hit max_tokens ({self.limits.max_tokens} tokens, "
+            "model.max_tokens) and was cut off; see docs/runbook.md#max-tokens"
+        )
+
+    def _context(self) -> int | None:
+        return self.state.context_tokens or self.limits.context_tokens
+
+    def _over_context(self, extra: tuple[ChatMessage, ...] = ()) -> bool:
+        context = self._context()
+        if context is None:
+            return False
+        return self.state.prompt_tokens(extra) > self.limits.threshold_ratio * context
+
     def _ask(self) -> list[Effect]:
+        # Only the history before this turn can be summarised; once per turn is enough.
+        if not self._compacted_early and self._turn_start > 0 and self._over_context():
+            self._compacted_early = True
+            return self._compact_in_turn(self._send, lambda _detail: self._send())
+        return self._send()
+
+    def _send(self) -> list[Effect]:
         self.step += 1
         self.phase = _Phase.ASKING
+        self._asked_len = len(self.state.transcript)
         sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
         request = self._request(self.state.messages())
         return [Emit(sent), request]
@@ -559,7 +682,10 @@ class Turn:
             effects.append(
                 Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
             )
-            route = route_call(self.registry, call.name, call.arguments, now)
+            route = route_call(self.registry, call.name, call.as_written, now)
+            if self._truncated:
+                detail = f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)"
+                route = Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), True)
             if isinstance(route, ToPort):
                 effects.append(CallPort(call.id, route.name, route.arguments))
                 continue
@@ -629,12 +755,38 @@ class Turn:
         # After a store failure the transcript in memory holds messages the store refused:
         # nothing of them may go to the model, a summary request included.
         refused = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
-        if not refused and self.state.transcript_chars() > self.limits.threshold_chars:
-            self.phase = _Phase.SUMMARISING
-            instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
-            messages = (*self.state.messages(), instruction)
-            return [*effects, self._request(messages)]
+        over = self.state.transcript_chars() > self.limits.threshold_chars or self._over_context()
+        if not refused and over:
+            self._keep = ()
+            self._after_compact = self._finish
+            self._if_not_compacted = lambda _detail: self._finish()
+            return [*effects, *self._summarise(self.state.transcript)]
         return [*effects, *self._finish()]
+
+    def _compact_in_turn(
+        self,
+        then: Callable[[], list[Effect]],
+        otherwise: Callable[[str], list[Effect]],
+    ) -> list[Effect]:
+        """Summarise the history before this turn, keep this turn's messages after the summary,
+        then go on with ``then``; if the summary fails, ``otherwise(detail)``."""
+        history = self.state.transcript[: self._turn_start]
+        self._keep = tuple(self.state.transcript[self._turn_start :])
+        self._after_compact, self._if_not_compacted = then, otherwise
+        return self._summarise(history)
+
+    def _summarise(self, history: list[ChatMessage]) -> list[Effect]:
+        """Ask the model to summarise ``history``: as much of its end as fits the context."""
+        self.phase = _Phase.SUMMARISING
+        instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
+        context = self._context()
+        if context is not None:
+            budget = int(self.limits.threshold_ratio * context) - self.state.baseline_tokens()
+            budget -= _tokens(len(COMPACT_INSTRUCTION), 1)
+            history = _fitting_tail(history, budget)
+        system = ChatMessage(role="system", content=self.state.baseline.system)
+        messages = (system, *history, instruction)
+        return [self._request(messages)]
 
     def _finish(self) -> list[Effect]:
         assert self.outcome is not None
@@ -660,13 +812,43 @@ class Turn:
         return [Compact(self._next_id(), self._summary)]
 
     def _compacted(self) -> list[Effect]:
-        assert self._summary is not None
+        assert self._summary is not None and self._after_compact is not None
         before = self.state.transcript_chars()
         self.state.replace([self._summary])
+        self.state.forget_counts()
+        self._turn_start = 1
+        then, self._after_compact = self._after_compact, None
+        keep, self._keep = self._keep, ()
+        # The store's compaction keeps only the summary: this turn's messages go after it again.
+        effects = self._save(keep, then) if keep else then()
         after = self.state.transcript_chars()
         compacted = Compacted(session=self.state.id, before=before, after=after)
-        return [Emit(compacted), *self._finish()]
+        return [Emit(compacted), *effects]
 
     def _compaction_failed(self, detail: str) -> list[Effect]:
+        assert self._if_not_compacted is not None
         failed = CompactionFailed(session=self.state.id, detail=detail)
-        return [Emit(failed), *self._finish()]
+        otherwise, self._if_not_compacted = self._if_not_compacted, None
+        self._keep, self._after_compact = (), None
+        return [Emit(failed), *otherwise(detail)]
+
+
+def _fitting_tail(history: list[ChatMessage], budget: int) -> list[ChatMessage]:
+    """The longest end of ``history`` whose estimated tokens fit ``budget``, never starting
+    with a tool result (its call would be missing). A last message too long on its own is cut
+    to fit, so a summary is never asked of nothing."""
+    tail: list[ChatMessage] = []
+    used = 0
+    for message in reversed(history):
+        cost = _tokens(message_chars((message,)), 1)
+        if used + cost > budget:
+            if not tail and message.role != "tool":
+                room = max(0, (budget - _TOKENS_PER_MESSAGE) * CHARS_PER_TOKEN)
+                content = cap_chars(message.content or "", room)
+                tail.append(ChatMessage(role=message.role, content=content, name=message.name))
+            break
+        tail.append(message)
+        used += cost
+    while tail and tail[-1].role == "tool":
+        tail.pop()
+    return tail[::-1]
