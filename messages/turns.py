@@ -64,11 +64,11 @@ class StartTurn(Message, frozen=True):
         check_text(self.speaker, "the speaker", optional=True)
 
 
-class TurnCompleted(Message, frozen=True):
+class TurnCompleted(Message, frozen=True, repr_omit_defaults=True):
     """A turn ended with the model's answer ``content``.
 
     ``truncated`` is true when that answer was cut off at ``model.max_tokens`` and
-    ``model.on_length`` is ``"keep"``.
+    ``model.on_length`` is ``"keep"`` (its repr shows it only then).
     """
 
     session: SessionId
