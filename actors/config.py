@@ -221,12 +221,10 @@ class ModelConfig(_Section, frozen=True):
     """A slot's context size in tokens; none: read from llama.cpp's ``GET /props`` at start."""
 
     def __post_init__(self) -> None:
-        if self.on_length not in ("fail", "keep"):
-            raise ValueError(f'on_length must be "fail" or "keep", not {self.on_length!r}')
-
-    def __post_init__(self) -> None:
         super().__post_init__()
         check_base_url(self.base_url)
+        if self.on_length not in ("fail", "keep"):
+            raise ConfigError(f'model.on_length must be "fail" or "keep", not {self.on_length!r}')
         if self.api_key_env is not None and not _ENV_NAME.fullmatch(self.api_key_env):
             raise ConfigError(
                 f"model.api_key_env {self.api_key_env!r} is not an environment variable name "
