@@ -1,4 +1,9 @@
-"""What a llama.cpp server says about itself (``GET /props``), read once at start."""
+"""What a llama.cpp server says about itself (``GET /props``), read once at start.
+
+:func:`actors.model.read_total_slots` reads the slot count strictly (``slots.total = "auto"``
+needs it); :func:`read_props` is lenient: a server without ``/props`` just leaves the context
+size unknown.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from typing import Any
 import httpx
 import msgspec
 
-__all__ = ["ServerProps", "parse_props", "props_url", "read_props"]
+from actors.model import props_url
+
+__all__ = ["ServerProps", "parse_props", "read_props"]
 
 # /props is a small local answer; a server that does not have it must not slow the start.
 _PROPS_TIMEOUT_S = 5.0
@@ -20,13 +27,6 @@ class ServerProps:
 
     total_slots: int | None
     slot_context_tokens: int | None
-
-
-def props_url(base_url: str) -> str:
-    """``GET /props`` lives at the server's root, not under the OpenAI ``/v1`` prefix."""
-    root = base_url.rstrip("/")
-    root = root.removesuffix("/v1")
-    return root + "/props"
 
 
 def _positive(value: Any) -> int | None:

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from actors.config import ModelConfig
-from actors.llama import ServerProps, parse_props, props_url, read_props
+from actors.llama import ServerProps, parse_props, read_props
+from actors.model import props_url
 from actors.store import DB_NAME, SessionStore
 from actors.testing.script import Answer, RawResponse, call, reply
 from actors.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX

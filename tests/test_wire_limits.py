@@ -17,10 +17,9 @@ from actors.model import (
     is_retryable,
     parse_answer,
 )
-from actors.runtime import model_handler
 from actors.testing.chat_server import ChatServer
 from actors.testing.script import RawResponse, reply
-from messages import ChatMessage, ModelError, ModelRequest, ToolCall, Usage
+from messages import ChatMessage, ModelRequest, ToolCall, Usage
 
 FAST = {"retries": 2, "retry_backoff_s": 0.0}
 
@@ -132,21 +131,6 @@ def test_context_exceeded_is_not_retried_and_says_so(model_for: Any) -> None:
         f"the model at {model.url} answered HTTP 400 (exceed_context_size_error): "
         + CONTEXT_ERROR["error"]["message"]
     )
-
-
-def test_the_model_worker_passes_the_context_flag_on() -> None:
-    class Refusing:
-        def complete(self, request: ModelRequest) -> Any:
-            raise http_failure(
-                "http://x/v1/chat/completions", 400, json.dumps(CONTEXT_ERROR).encode()
-            )
-
-        def close(self) -> None:
-            pass
-
-    reply_ = model_handler(Refusing())(request())
-    assert isinstance(reply_, ModelError)
-    assert (reply_.context_exceeded, reply_.context_tokens) == (True, 4096)
 
 
 def test_a_500_naming_a_request_error_is_not_retried(model_for: Any) -> None:
