@@ -3,7 +3,8 @@
 The server is built once per machine by ``.ci/build-llama-server`` (cached under
 ``~/.cache/loopd-llama``, or ``$LOOPD_LLAMA_CACHE``) and started once per test session with two
 slots, as docs/llama.md says: ``-np 2 -c 8192 --jinja`` and the Qwen2.5 chat template, with
-which SmolLM2-135M emits OpenAI tool calls. Figures the tests measure are appended to
+which SmolLM2-135M emits OpenAI tool calls. ``$LOOPD_LLAMA_THREADS`` sets ``-t`` (default 2; on
+a machine shared with other work, 1 is faster: llama.cpp's threads wait for each other). Figures the tests measure are appended to
 ``$LOOPD_LLAMA_FIGURES`` (default ``.tox/llama-figures.txt``) for docs/performance.md.
 """
 
@@ -59,7 +60,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--port", str(port),
         "-np", str(SLOTS),
         "-c", str(CONTEXT),
-        "-t", "2",
+        "-t", os.environ.get("LOOPD_LLAMA_THREADS", "2"),
         "--jinja",
         "--chat-template-file", str(folder / "template.jinja"),
     ]  # fmt: skip

@@ -177,6 +177,8 @@ class Proxy:
                     self._changed.notify_all()
             return False
         gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone  # the reader is free again only once the cancel has landed
         response = upstream.result()
         content = response.content
         if exchange is not None:
