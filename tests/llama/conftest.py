@@ -4,8 +4,9 @@ The server is built once per machine by ``.ci/build-llama-server`` (cached under
 ``~/.cache/loopd-llama``, or ``$LOOPD_LLAMA_CACHE``) and started once per test session with two
 slots, as docs/llama.md says: ``-np 2 -c 8192 --jinja`` and the Qwen2.5 chat template, with
 which SmolLM2-135M emits OpenAI tool calls. ``$LOOPD_LLAMA_THREADS`` sets ``-t`` (default 2; on
-a machine shared with other work, 1 is faster: llama.cpp's threads wait for each other). Figures the tests measure are appended to
-``$LOOPD_LLAMA_FIGURES`` (default ``.tox/llama-figures.txt``) for docs/performance.md.
+a machine shared with other work, 1 is faster: llama.cpp's threads wait for each other).
+Figures the tests measure are written to ``$LOOPD_LLAMA_FIGURES`` (default
+``.tox/llama-figures.txt``) for docs/performance.md.
 """
 
 from __future__ import annotations
