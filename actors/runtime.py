@@ -83,7 +83,15 @@ def _context_tokens(config: Config, *, own_model: bool) -> int | None:
         return config.model.context_tokens
     api_key = config.model.api_key()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    return read_props(config.model.base_url, headers).slot_context_tokens
+    # The runtime's log filter is not on yet: httpx logs the URL, credentials included.
+    scrub = RedactFilter(config.model.secrets())
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).addFilter(scrub)
+    try:
+        return read_props(config.model.base_url, headers).slot_context_tokens
+    finally:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).removeFilter(scrub)
 
 
 class _Waiter:
