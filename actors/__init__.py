@@ -8,6 +8,7 @@ Embed it with :class:`Runtime`::
 """
 
 from actors.config import (
+    AgentConfig,
     CompactConfig,
     Config,
     ConfigError,
@@ -23,6 +24,7 @@ from actors.port import PortTool, ToolContext, ToolOutput, port_tool
 from actors.runtime import Runtime
 
 __all__ = [
+    "AgentConfig",
     "AsyncChatModel",
     "ChatModel",
     "CompactConfig",

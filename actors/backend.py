@@ -32,8 +32,10 @@ class StoreBackend(Protocol):
         """Run ``(session, job)`` pairs in one transaction; each result or error, in order."""
         ...
 
-    def create_in(self, cur: Any, id: str, baseline: Baseline, slot: int) -> SessionRecord:
-        """Store a new session; ``SessionExists`` for a stored id."""
+    def create_in(
+        self, cur: Any, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+    ) -> SessionRecord:
+        """Store a new session of profile ``agent``; ``SessionExists`` for a stored id."""
         ...
 
     def create_child_in(
@@ -46,6 +48,7 @@ class StoreBackend(Protocol):
         *,
         untrusted: bool,
         first: ChatMessage,
+        agent: str = "default",
     ) -> tuple[SessionRecord, bool]:
         """Create (or reopen) child ``id`` of ``parent``; True if it is new."""
         ...
@@ -55,9 +58,9 @@ class StoreBackend(Protocol):
         ...
 
     def open_or_create_in(
-        self, cur: Any, id: str, baseline: Baseline, slot: int
+        self, cur: Any, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
     ) -> tuple[SessionRecord, bool]:
-        """Open ``id`` or create it; True when it was created."""
+        """Open ``id`` or create it (with profile ``agent``); True when it was created."""
         ...
 
     def append_in(

@@ -115,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with Runtime.start(config) as rt:
         if not args.quiet:
             rt.subscribe(lambda event: _print_event(event, sys.stderr))
-        outcome = rt.run_turn(args.session, args.text, timeout=args.timeout)
+        outcome = rt.run_turn(args.session, args.text, timeout=args.timeout, agent=args.agent)
     if isinstance(outcome, TurnCompleted):
         print(escape_controls(outcome.content))
         return 0
@@ -187,6 +187,7 @@ def show_session(store: StoreBackend, session: str) -> int:
     children = store.children(session)
     print(f"session   {record.id}")
     print(f"slot      {record.slot}")
+    print(f"agent     {record.agent}")
     print(f"turns     {record.turns}")
     print(f"untrusted {'yes' if record.untrusted else 'no'}")
     print(f"next call {record.next_call_id}")
@@ -230,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--session", default="main", help="the session id (default: main)")
     run.add_argument(
         "--timeout", type=_seconds, default=None, help="seconds to wait for the turn (> 0)"
+    )
+    run.add_argument(
+        "--agent",
+        help="the agent profile ([agents.NAME]) of a new session; a stored one keeps its own",
     )
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
     run.add_argument("text", help="what to say")

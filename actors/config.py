@@ -18,9 +18,12 @@ from msgspec import Meta, field
 
 from actors.files import read_regular_file
 from actors.text import redact
-from messages import SlotPool, check_top_level_session
+from messages import SlotPool, check_session_id, check_top_level_session
 
 __all__ = [
+    "DEFAULT_AGENT",
+    "RESERVED_BODY_KEYS",
+    "AgentConfig",
     "ClusterConfig",
     "CompactConfig",
     "Config",
@@ -352,6 +355,66 @@ class LoopConfig(_Section, frozen=True):
     """Seconds a child's turn may take before its parent is answered failed (none: no limit)."""
 
 
+DEFAULT_AGENT = "default"
+"""The profile top-level sessions, and children called without ``agent``, run."""
+
+RESERVED_BODY_KEYS = frozenset(
+    {"model", "messages", "tools", "stream", "stream_options", "id_slot", "cache_prompt"}
+)
+"""Request fields loopd sets itself; ``extra_body`` may not name them."""
+
+
+class AgentConfig(_Section, frozen=True):
+    """``[agents.NAME]``: one agent profile. Every key is optional; an unset one takes what
+    the rest of the config says (``loop.system_prompt``, ``model.name``, every tool)."""
+
+    _key: ClassVar[str] = "agents.NAME"
+
+    description: str = ""
+    """One line about this agent, shown to a parent model in the ``subagent`` tool's schema."""
+    system: str | None = None
+    """The system prompt of this agent's sessions (default ``loop.system_prompt``)."""
+    system_file: str | None = None
+    """A file holding the system prompt, relative to ``home``; read when a baseline is built."""
+    model: str | None = None
+    """The ``model`` field of this agent's requests (default ``model.name``)."""
+    tools: tuple[str, ...] | None = None
+    """The tools this agent may see and call, built-in and port alike (default: all)."""
+    temperature: Annotated[float, Meta(ge=0)] | None = None
+    """The request's ``temperature``."""
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    """The request's ``top_p``."""
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    """The request's ``max_tokens``: the most tokens one answer may have."""
+    stop: tuple[str, ...] | None = None
+    """The request's ``stop`` texts."""
+    seed: int | None = None
+    """The request's ``seed``."""
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    """Fields merged into the request body (``top_k``, ``response_format``, ``grammar``...);
+    the fields loopd sets itself (``model``, ``messages``, ``tools``...) are refused."""
+
+    def check(self, name: str) -> None:
+        """The rules between keys, checked by the :class:`Config` that holds this profile as
+        ``name`` (so an error names the profile); ``ConfigError`` naming the key."""
+        key = f"agents.{name}"
+        try:
+            check_session_id(name)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: not a valid profile name: {exc}") from None
+        if self.system is not None and self.system_file is not None:
+            raise ConfigError(f"{key}: set system or system_file, not both")
+        if self.system_file is not None:
+            _check_path_text(self.system_file, f"{key}.system_file")
+        if "\n" in self.description or "\r" in self.description:
+            raise ConfigError(f"{key}.description must be one line")
+        reserved = sorted(RESERVED_BODY_KEYS & self.extra_body.keys())
+        if reserved:
+            raise ConfigError(f"{key}.extra_body may not set {', '.join(reserved)}: loopd sets it")
+        if self.tools is not None and len(set(self.tools)) != len(self.tools):
+            raise ConfigError(f"{key}.tools names a tool twice")
+
+
 class CompactConfig(_Section, frozen=True):
     """``[compact]``: when a transcript is summarised, and how long the summary may be."""
 
@@ -524,6 +587,8 @@ class Config(_Section, frozen=True):
     """``[heartbeat]``, if any."""
     store: StoreConfig = field(default_factory=StoreConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    agents: dict[str, AgentConfig] = field(default_factory=dict)
+    """``[agents.NAME]`` profiles, by name."""
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.
@@ -544,6 +609,22 @@ class Config(_Section, frozen=True):
             raise ConfigError(
                 "cluster.engine needs a shared store: set store.url to a PostgreSQL url"
             )
+        for name, profile in self.agents.items():
+            profile.check(name)
+
+    def agent(self, name: str) -> AgentConfig:
+        """The profile ``name``; ``default`` is an empty profile when not configured.
+        ``KeyError`` for any other name that is not configured."""
+        found = self.agents.get(name)
+        if found is not None:
+            return found
+        if name == DEFAULT_AGENT:
+            return AgentConfig()
+        raise KeyError(name)
+
+    def agent_names(self) -> tuple[str, ...]:
+        """Every profile a session may run: ``default`` first, then the configured ones."""
+        return (DEFAULT_AGENT, *sorted(n for n in self.agents if n != DEFAULT_AGENT))
 
     @property
     def home_path(self) -> Path:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pykka
 
-from actors.config import Config
+from actors.agents import Agents
+from actors.config import DEFAULT_AGENT, Config
 from actors.directory import CONTEXT, EVENTS, STORE, Directory, session_address
 from actors.dispatch import ArgumentError, Registry, child_id, descends_from
 from actors.dispatcher import DispatchedActor, TimerHandle
@@ -89,6 +90,8 @@ class Hold:
     """The slot a new session is created on."""
     open_request: int = 0
     """The store request that opens this session, so a late answer is told apart."""
+    agent: str | None = None
+    """The agent profile asked for; None: a stored session's own, ``default`` for a new one."""
 
     @property
     def is_child(self) -> bool:
@@ -102,6 +105,7 @@ class Live:
 
     ref: pykka.ActorRef[Any]
     incarnation: int
+    agent: str = DEFAULT_AGENT
 
 
 class HoldTable:
@@ -167,6 +171,7 @@ class ContextActor(DispatchedActor):
         self.config = config
         self.directory = directory
         self.registry = registry
+        self.agents = session_env.agents or Agents(config, registry)
         self.memory = memory
         self.session_env = session_env
         self.clock = clock
@@ -267,7 +272,13 @@ class ContextActor(DispatchedActor):
     # A user's turn.
 
     def _start_turn(self, msg: StartTurn) -> None:
-        hold = Hold(msg.session, msg.text, msg.speaker, reply_to=msg.reply_to)
+        hold = Hold(msg.session, msg.text, msg.speaker, reply_to=msg.reply_to, agent=msg.agent)
+        if msg.agent is not None and msg.agent not in self.agents:
+            detail = f"no agent profile is named {msg.agent} (see [agents.NAME] in the config)"
+            self.directory.tell(
+                msg.reply_to, TurnFailed(msg.session, FailReason.WRONG_AGENT, detail)
+            )
+            return
         if not self.holds.hold(hold):
             detail = f"session {msg.session} is busy: another turn holds it"
             self.directory.tell(msg.reply_to, TurnFailed(msg.session, FailReason.BUSY, detail))
@@ -298,9 +309,15 @@ class ContextActor(DispatchedActor):
             detail = f"the runtime already runs {limit} children (loop.max_children_total)"
             self._deny(msg, denial_message(DenyReason.LIMIT, detail))
             return
+        if msg.agent not in self.agents:  # the session checks first; answer all the same
+            detail = f"unknown agent: {msg.agent}"
+            self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, detail))
+            return
         text = child_text(msg.task, self.config.loop.tool_result_cap, self.clock())
         spawn = next(self.spawns)
-        hold = Hold(child, text, parent=msg.parent, call_id=msg.call_id, spawn=spawn)
+        hold = Hold(
+            child, text, parent=msg.parent, call_id=msg.call_id, spawn=spawn, agent=msg.agent
+        )
         if not self.holds.hold(hold):
             detail = f"session {child} is held already"
             self._answer_failure(hold, FailReason.BUSY, detail, turn_began=False)
@@ -322,10 +339,9 @@ class ContextActor(DispatchedActor):
         store opens a stored record only if that parent's spawn created it."""
         assert hold.parent is not None
         hold.slot = self.config.slots.home_slot("background")
+        agent = hold.agent or DEFAULT_AGENT
         try:
-            block = self.memory.block()
-            self._memory_warnings(hold.session)
-            baseline = build_baseline(self.config, self.registry, block)
+            baseline = self._baseline(hold.session, agent)
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
@@ -342,6 +358,7 @@ class ContextActor(DispatchedActor):
             first,
             CONTEXT,
             hold.open_request,
+            agent,
         )
         self.directory.tell(STORE, request)
 
@@ -351,6 +368,8 @@ class ContextActor(DispatchedActor):
         hold.slot = slot
         live = self.live.get(hold.session)
         if live is not None:
+            if not self._agent_fits(hold, live.agent):
+                return
             hold.incarnation = live.incarnation
             if self._tell_live(hold, self._run_turn(hold)):
                 return
@@ -367,7 +386,12 @@ class ContextActor(DispatchedActor):
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> None:
         hold.open_request = next(self.requests)
         request = OpenSession(
-            hold.session, baseline, hold.slot, CONTEXT, request_id=hold.open_request
+            hold.session,
+            baseline,
+            hold.slot,
+            CONTEXT,
+            request_id=hold.open_request,
+            agent=hold.agent or DEFAULT_AGENT,
         )
         self.directory.tell(STORE, request)
 
@@ -392,9 +416,7 @@ class ContextActor(DispatchedActor):
             self._answer_failure(hold, reason, msg.detail)
             return
         try:
-            block = self.memory.block()
-            self._memory_warnings(hold.session)
-            baseline = build_baseline(self.config, self.registry, block)
+            baseline = self._baseline(hold.session, hold.agent or DEFAULT_AGENT)
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
@@ -402,11 +424,41 @@ class ContextActor(DispatchedActor):
             return
         self._ask_store(hold, baseline)
 
+    def _baseline(self, session: str, agent: str) -> Baseline:
+        """A new session's baseline for profile ``agent`` (reads memory, maybe a file)."""
+        block = self.memory.block()
+        self._memory_warnings(session)
+        view = self.agents.get(agent).registry
+        return build_baseline(self.agents.system_prompt(agent), view, block)
+
+    def _agent_fits(self, hold: Hold, stored: str) -> bool:
+        """Whether ``hold`` may run a session stored with profile ``stored``; if not, the hold
+        is released and answered ``WRONG_AGENT`` (nothing was stored for it)."""
+        if hold.is_child:
+            return True  # a child id is only ever created by its parent's spawn, with its agent
+        if stored not in self.agents:
+            detail = (
+                f"session {hold.session} runs the agent profile {stored}, which the config no "
+                f"longer has (add [agents.{stored}] back to resume it)"
+            )
+        elif hold.agent is not None and hold.agent != stored:
+            detail = (
+                f"session {hold.session} runs the agent profile {stored}, not {hold.agent}: "
+                "a stored session keeps its agent"
+            )
+        else:
+            return True
+        self._release(hold.session)
+        self._answer_failure(hold, FailReason.WRONG_AGENT, detail, turn_began=False)
+        return False
+
     def _loaded(self, msg: SessionLoaded) -> None:
         session = msg.record.id
         hold = self._current(session, msg.request_id)
         if hold is None:
             return  # answered already (cancelled, or the runtime is stopping)
+        if not self._agent_fits(hold, msg.record.agent):
+            return
         incarnation = next(self.incarnations)
         try:
             ref = SessionActor.start(msg.record, self.session_env, incarnation)
@@ -415,7 +467,7 @@ class ContextActor(DispatchedActor):
             detail = f"could not start the session actor: {exc}"
             self._answer_failure(hold, FailReason.CRASHED, detail)
             return
-        self.live[session] = Live(ref, incarnation)
+        self.live[session] = Live(ref, incarnation, msg.record.agent)
         hold.incarnation = incarnation
         # A new child's record holds its first message already: its turn asks the model at once.
         stored = hold.is_child and msg.created

@@ -7,7 +7,7 @@ answered here (:class:`Answered`), a child session (:class:`SpawnChild`), or the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +19,7 @@ from messages import DenyReason, ToolSpec, check_session_id, denial_message
 __all__ = [
     "CALL_TOOL",
     "CLOCK",
+    "DEFAULT_AGENT",
     "REMEMBER",
     "RUNBOOK_SUBAGENT_ID",
     "SUBAGENT",
@@ -36,9 +37,11 @@ __all__ = [
     "dispatch",
     "parse_json_object",
     "parse_subagent_arguments",
+    "subagent_spec",
     "unwrap_call_tool",
 ]
 
+DEFAULT_AGENT = "default"
 CLOCK = "clock"
 SUBAGENT = "subagent"
 CALL_TOOL = "call_tool"
@@ -114,9 +117,10 @@ class Answered:
 
 @dataclass(frozen=True, slots=True)
 class SpawnChild:
-    """The call runs ``task`` in a child session."""
+    """The call runs ``task`` in a child session of profile ``agent``."""
 
     task: str
+    agent: str = DEFAULT_AGENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +142,32 @@ Route = Answered | SpawnChild | ToPort | Remember
 """Where one tool call goes."""
 
 
+def subagent_spec(agents: Mapping[str, str]) -> ToolSpec:
+    """The ``subagent`` tool as the model sees it. With no ``agents`` (no profile but
+    ``default``) it is SPEC's: ``task`` alone. Otherwise ``agent`` is offered too: an ``enum``
+    of the profile names, described one per line."""
+    if not agents:
+        return SUBAGENT_SPEC
+    lines = [f"- {name}: {text}" if text else f"- {name}" for name, text in agents.items()]
+    agent = {
+        "type": "string",
+        "enum": list(agents),
+        "description": (
+            f"The agent that runs the task (default: {DEFAULT_AGENT}):\n" + "\n".join(lines)
+        ),
+    }
+    parameters = dict(SUBAGENT_SPEC.parameters)
+    parameters["properties"] = {**SUBAGENT_SPEC.parameters["properties"], "agent": agent}
+    return ToolSpec(SUBAGENT, SUBAGENT_SPEC.description, parameters)
+
+
 class Registry:
-    """The tools a session's model is offered: loopd's own, then the port's, by name."""
+    """The tools a session's model is offered: loopd's own, then the port's, by name.
+
+    :meth:`for_agent` gives the view one agent profile has: only the tools it ``allowed``
+    (a tool it may not use is neither listed nor run), and the profiles a ``subagent`` call
+    may name.
+    """
 
     BUILTIN = (CLOCK_SPEC, SUBAGENT_SPEC, CALL_TOOL_SPEC, REMEMBER_SPEC)
 
@@ -151,10 +179,44 @@ class Registry:
                 raise ValueError(f"tool name {spec.name!r} is registered twice")
             port[spec.name] = spec
         self._port = port
+        self._allowed: frozenset[str] | None = None
+        self._agents: dict[str, str] = {}
+
+    def for_agent(
+        self, allowed: Iterable[str] | None, agents: Mapping[str, str] | None = None
+    ) -> Registry:
+        """This registry as one profile sees it: only the tools in ``allowed`` (None: all),
+        and ``agents`` (name: description) as what ``subagent``'s ``agent`` may name (none:
+        the argument is not offered). ``ValueError`` for a name that is no tool here."""
+        view = Registry.__new__(Registry)
+        view._port = self._port
+        view._allowed = None if allowed is None else frozenset(allowed)
+        view._agents = dict(agents or {})
+        unknown = sorted((view._allowed or frozenset()) - set(self.names()))
+        if unknown:
+            raise ValueError(f"no such tool: {', '.join(unknown)}")
+        return view
+
+    def names(self) -> tuple[str, ...]:
+        """Every tool name registered, whether this view allows it or not."""
+        return tuple(spec.name for spec in self.BUILTIN) + tuple(sorted(self._port))
+
+    @property
+    def agents(self) -> Mapping[str, str]:
+        """The profiles a ``subagent`` call may name, with their descriptions (maybe none)."""
+        return self._agents
+
+    def allows(self, name: str) -> bool:
+        """True if this view may list and run ``name`` (a registered tool or not)."""
+        return self._allowed is None or name in self._allowed
 
     def specs(self) -> tuple[ToolSpec, ...]:
-        """Every tool, in a stable order, as it goes into a baseline."""
-        return self.BUILTIN + tuple(self._port[name] for name in sorted(self._port))
+        """Every allowed tool, in a stable order, as it goes into a baseline."""
+        builtin = tuple(
+            subagent_spec(self._agents) if spec.name == SUBAGENT else spec for spec in self.BUILTIN
+        )
+        every = builtin + tuple(self._port[name] for name in sorted(self._port))
+        return tuple(spec for spec in every if self.allows(spec.name))
 
     def is_port(self, name: str) -> bool:
         """True if ``name`` is a port tool."""
@@ -187,9 +249,32 @@ def _one_string(arguments: str, name: str) -> str:
     return text
 
 
-def parse_subagent_arguments(arguments: str) -> str:
-    """The ``task`` of a ``subagent`` call, checked in the order SPEC 5 gives."""
-    return _one_string(arguments, "task")
+def parse_subagent_arguments(
+    arguments: str, agents: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """The ``(task, agent)`` of a ``subagent`` call, checked in the order SPEC 5 gives.
+
+    With no ``agents`` an ``agent`` key is an unknown field, as SPEC 5 says. With some, it is
+    checked after ``task``: a string (``agent must be a string``), one of them (``unknown
+    agent: <name>``). A call without it runs ``default``.
+    """
+    if not agents:
+        return _one_string(arguments, "task"), DEFAULT_AGENT
+    value = parse_json_object(arguments)
+    for key in value:
+        if key not in ("task", "agent"):
+            raise ArgumentError(f"unknown field: {key}")
+    if "task" not in value:
+        raise ArgumentError("task is required")
+    task = value["task"]
+    if not isinstance(task, str):
+        raise ArgumentError("task must be a string")
+    agent = value.get("agent", DEFAULT_AGENT)
+    if not isinstance(agent, str):
+        raise ArgumentError("agent must be a string")
+    if agent not in agents:
+        raise ArgumentError(f"unknown agent: {agent}")
+    return task, agent
 
 
 def unwrap_call_tool(arguments: str) -> tuple[str, str]:
@@ -226,15 +311,22 @@ def _check_clock_arguments(arguments: str) -> None:
 
 
 def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Route:
-    """Decide the route of one tool call (SPEC 4); ``call_tool`` unwraps to the same rules."""
+    """Decide the route of one tool call (SPEC 4); ``call_tool`` unwraps to the same rules.
+
+    A tool the registry's profile may not use is an ``UNKNOWN_TOOL`` denial, as if it were not
+    registered (``call_tool`` included, and the tool it unwraps to).
+    """
     try:
-        if name == CALL_TOOL:
+        if name == CALL_TOOL and registry.allows(CALL_TOOL):
             name, arguments = unwrap_call_tool(arguments)
+        if not registry.allows(name):
+            return Answered(denial_message(DenyReason.UNKNOWN_TOOL, name), denied=True)
         if name == CLOCK:
             _check_clock_arguments(arguments)
             return Answered(clock_text(now))
         if name == SUBAGENT:
-            return SpawnChild(parse_subagent_arguments(arguments))
+            task, agent = parse_subagent_arguments(arguments, registry.agents)
+            return SpawnChild(task, agent)
         if name == REMEMBER:
             return Remember(_one_string(arguments, "text"))
     except ArgumentError as exc:

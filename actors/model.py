@@ -30,6 +30,7 @@ from messages import (
     ModelAnswer,
     ModelRequest,
     ProposedCall,
+    RequestOptions,
     ToolCall,
     ToolSpec,
     Usage,
@@ -216,11 +217,12 @@ def request_body(
 
     ``request.messages`` already starts with the system message. Tool calls and results use the
     standard ``tool_calls`` / ``role: "tool"`` shapes with ids ``call_<n>``; ``tools`` is left out
-    when there are none; ``id_slot`` is the request's slot and ``cache_prompt`` is true so
-    llama.cpp reuses the slot's cached prefix; ``max_tokens``, when given, bounds the answer.
-    Tool-call arguments that are not a JSON object go as ``{}``. A function of its arguments
-    only: nothing time-varying goes in. Raises ``ValueError`` for a tool message without
-    ``tool_call_id``.
+    when there are none; ``max_tokens``, when given, bounds the answer (``model.max_tokens``);
+    the profile's ``request.options`` then set ``model`` and the sampling fields (its own
+    ``max_tokens`` included) and merge ``extra_body``; ``id_slot`` is the request's slot and
+    ``cache_prompt`` is true so llama.cpp reuses the slot's cached prefix. Tool-call arguments
+    that are not a JSON object go as ``{}``. A function of its arguments only: nothing
+    time-varying goes in. Raises ``ValueError`` for a tool message without ``tool_call_id``.
     """
     body: dict[str, Any] = {
         "model": model_name,
@@ -230,9 +232,24 @@ def request_body(
         body["tools"] = [_wire_tool(tool) for tool in request.tools]
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    _add_options(body, request.options)
     body["id_slot"] = request.slot
     body["cache_prompt"] = True
     return body
+
+
+def _add_options(body: dict[str, Any], options: RequestOptions) -> None:
+    """The request fields of the session's agent profile: ``model`` replaced, each sampling
+    field that is set, then ``extra_body`` merged in (config refuses the keys loopd sets)."""
+    if options.model is not None:
+        body["model"] = options.model
+    for key in ("temperature", "top_p", "max_tokens", "seed"):
+        value = getattr(options, key)
+        if value is not None:
+            body[key] = value
+    if options.stop is not None:
+        body["stop"] = list(options.stop)
+    body.update(options.extra_body)
 
 
 def encode_body(model_name: str, request: ModelRequest, *, max_tokens: int | None = None) -> bytes:

@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-PG_SCHEMA_VERSION = 1
-"""The schema this module writes, kept in ``loopd_meta``."""
+PG_SCHEMA_VERSION = 2
+"""The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
+sessions run the ``default`` agent."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -83,6 +84,8 @@ _SCHEMA = (
         untrusted    BOOLEAN NOT NULL DEFAULT FALSE,
         created_at   TEXT NOT NULL,
         updated_at   TEXT NOT NULL)""",
+    # Version 2: the agent profile of each session.
+    "ALTER TABLE loopd_sessions ADD COLUMN IF NOT EXISTS agent TEXT NOT NULL DEFAULT 'default'",
     """CREATE TABLE IF NOT EXISTS loopd_messages (
         session   TEXT NOT NULL REFERENCES loopd_sessions(id),
         seq       INTEGER NOT NULL CHECK (seq >= 1),
@@ -222,6 +225,11 @@ class PgSessionStore:
                     f"the store at {redact(self.url)} has schema version {row[0]}; this loopd "
                     f"reads version {PG_SCHEMA_VERSION} (upgrade loopd)",
                 )
+            elif int(row[0]) < PG_SCHEMA_VERSION:  # the statements above migrated it
+                conn.execute(
+                    "UPDATE loopd_meta SET value = %s WHERE key = 'schema'",
+                    (str(PG_SCHEMA_VERSION),),
+                )
 
     def _failure(self, session: str | None, action: str, exc: Exception) -> StoreError:
         if isinstance(exc, StoreError):
@@ -317,19 +325,23 @@ class PgSessionStore:
 
     # The calls of SessionStore.
 
-    def create(self, id: str, baseline: Baseline, slot: int) -> SessionRecord:
-        """Store a new session; :class:`SessionExists` for a stored id."""
+    def create(
+        self, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+    ) -> SessionRecord:
+        """Store a new session of profile ``agent``; :class:`SessionExists` for a stored id."""
         check_session_id(id)
         with self._transaction(id, "create") as cur:
-            return self.create_in(cur, id, baseline, slot)
+            return self.create_in(cur, id, baseline, slot, agent=agent)
 
-    def create_in(self, cur: Any, id: str, baseline: Baseline, slot: int) -> SessionRecord:
+    def create_in(
+        self, cur: Any, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+    ) -> SessionRecord:
         """:meth:`create` inside the caller's transaction."""
         check_session_id(id)
         self._take(cur, id)
         if self._row(cur, id) is not None:
             raise SessionExists(id)
-        self._insert(cur, id, baseline, slot)
+        self._insert(cur, id, baseline, slot, agent=agent)
         return self._record(cur, id)
 
     def create_child(
@@ -341,11 +353,12 @@ class PgSessionStore:
         *,
         untrusted: bool,
         first: ChatMessage,
+        agent: str = "default",
     ) -> tuple[SessionRecord, bool]:
         """Store child ``id`` of ``parent`` with ``first``; True if it is new."""
         with self._transaction(id, "create the child") as cur:
             return self.create_child_in(
-                cur, id, parent, baseline, slot, untrusted=untrusted, first=first
+                cur, id, parent, baseline, slot, untrusted=untrusted, first=first, agent=agent
             )
 
     def create_child_in(
@@ -358,6 +371,7 @@ class PgSessionStore:
         *,
         untrusted: bool,
         first: ChatMessage,
+        agent: str = "default",
     ) -> tuple[SessionRecord, bool]:
         """As :meth:`actors.store.SessionStore.create_child_in`: a record some other way made
         raises :class:`SessionTaken`; a new child holds ``first`` and one turn."""
@@ -370,7 +384,9 @@ class PgSessionStore:
             if untrusted:
                 cur.execute("UPDATE loopd_sessions SET untrusted = TRUE WHERE id = %s", (id,))
             return self._record(cur, id), False
-        self._insert(cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1)
+        self._insert(
+            cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1, agent=agent
+        )
         self._insert_messages(cur, id, (first,), _now(), last=0)
         record = SessionRecord(
             id=id,
@@ -381,6 +397,7 @@ class PgSessionStore:
             next_call_id=1,
             untrusted=untrusted,
             parent=parent,
+            agent=agent,
         )
         return record, True
 
@@ -394,21 +411,24 @@ class PgSessionStore:
         self._take(cur, id)
         return self._record(cur, id)
 
-    def open_or_create(self, id: str, baseline: Baseline, slot: int) -> tuple[SessionRecord, bool]:
-        """Open ``id``, or create it with ``baseline`` on ``slot``; True when created."""
+    def open_or_create(
+        self, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+    ) -> tuple[SessionRecord, bool]:
+        """Open ``id``, or create it with ``baseline`` on ``slot`` and profile ``agent``; True
+        when created (a stored session keeps its own)."""
         check_session_id(id)
         with self._transaction(id, "open or create") as cur:
-            return self.open_or_create_in(cur, id, baseline, slot)
+            return self.open_or_create_in(cur, id, baseline, slot, agent=agent)
 
     def open_or_create_in(
-        self, cur: Any, id: str, baseline: Baseline, slot: int
+        self, cur: Any, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
     ) -> tuple[SessionRecord, bool]:
         """:meth:`open_or_create` inside the caller's transaction."""
         check_session_id(id)
         self._take(cur, id)
         created = self._row(cur, id) is None
         if created:
-            self._insert(cur, id, baseline, slot)
+            self._insert(cur, id, baseline, slot, agent=agent)
         return self._record(cur, id), created
 
     def append(
@@ -480,7 +500,8 @@ class PgSessionStore:
             rows = cur.execute(
                 "SELECT s.id, s.slot, s.turns, s.untrusted,"
                 " (SELECT COUNT(*) FROM loopd_messages m WHERE m.session = s.id),"
-                " s.created_at, s.updated_at, s.parent FROM loopd_sessions s ORDER BY s.id"
+                " s.created_at, s.updated_at, s.parent, s.agent FROM loopd_sessions s"
+                " ORDER BY s.id"
             ).fetchall()
         return [
             SessionInfo(
@@ -492,6 +513,7 @@ class PgSessionStore:
                 created_at=r[5],
                 updated_at=r[6],
                 parent=r[7],
+                agent=r[8],
             )
             for r in rows
         ]
@@ -594,7 +616,8 @@ class PgSessionStore:
     @staticmethod
     def _row(cur: Any, id: str) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = cur.execute(
-            "SELECT s.baseline, b.body, s.slot, s.turns, s.untrusted, s.next_call_id, s.parent"
+            "SELECT s.baseline, b.body, s.slot, s.turns, s.untrusted, s.next_call_id, s.parent,"
+            " s.agent"
             " FROM loopd_sessions s LEFT JOIN loopd_baselines b ON b.hash = s.baseline"
             " WHERE s.id = %s",
             (id,),
@@ -611,6 +634,7 @@ class PgSessionStore:
         parent: str | None = None,
         untrusted: bool = False,
         turns: int = 0,
+        agent: str = "default",
     ) -> None:
         now = _now()
         body = _ENCODER.encode(baseline)
@@ -621,8 +645,9 @@ class PgSessionStore:
         )
         cur.execute(
             "INSERT INTO loopd_sessions (id, baseline, parent, slot, turns, next_call_id,"
-            " untrusted, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, 1, %s, %s, %s)",
-            (id, key, parent, slot, turns, untrusted, now, now),
+            " untrusted, created_at, updated_at, agent)"
+            " VALUES (%s, %s, %s, %s, %s, 1, %s, %s, %s, %s)",
+            (id, key, parent, slot, turns, untrusted, now, now, agent),
         )
 
     @staticmethod
@@ -660,7 +685,7 @@ class PgSessionStore:
         row = self._row(cur, id)
         if row is None:
             raise SessionNotFound(id)
-        key, body, slot, turns, untrusted, next_call_id, parent = row
+        key, body, slot, turns, untrusted, next_call_id, parent, agent = row
         baseline = self._baseline(id, key, body)
         live = cur.execute(
             "SELECT seq, body FROM loopd_messages WHERE session = %s AND NOT compacted"
@@ -676,6 +701,7 @@ class PgSessionStore:
             next_call_id=next_call_id,
             untrusted=bool(untrusted),
             parent=parent,
+            agent=agent,
         )
 
     @staticmethod

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
+from actors.agents import Agents
 from actors.backend import open_store, shared_memory, shared_schedule
 from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
@@ -37,9 +38,11 @@ from actors.turn import Limits
 from messages import (
     CancelTurn,
     ContextStatus,
+    FailReason,
     Inspect,
     StartTurn,
     TurnEvent,
+    TurnFailed,
     TurnOutcome,
     check_session_id,
 )
@@ -203,11 +206,12 @@ class Runtime:
         config = resolve_config(config)
         tools = list(tools or ())
         registry = Registry(tool.spec for tool in tools)
+        agents = Agents(config, registry)  # a profile naming no such tool fails here
         config.home_path.mkdir(parents=True, exist_ok=True)
         # One runtime per home: two would reuse call ids and miscount turns (issue 8).
         home_lock = HomeLock.acquire(config.home_path)
         try:
-            runtime = cls._start(config, registry, model, tools, memory, clock)
+            runtime = cls._start(config, registry, agents, model, tools, memory, clock)
         except BaseException:
             home_lock.release()
             raise
@@ -219,6 +223,7 @@ class Runtime:
         cls,
         config: Config,
         registry: Registry,
+        agents: Agents,
         model: ChatModel | AsyncChatModel | None,
         tools: list[PortTool],
         memory: MemorySource | None,
@@ -256,7 +261,9 @@ class Runtime:
             keep_truncated=config.model.on_length == "keep",
         )
         dispatcher = Dispatcher(config.runtime.threads, name="loopd")
-        env = SessionEnv(directory, registry, limits, clock, itertools.count(1), dispatcher)
+        env = SessionEnv(
+            directory, registry, limits, clock, itertools.count(1), dispatcher, agents=agents
+        )
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.model.secrets()
         service = ModelService(
@@ -322,28 +329,47 @@ class Runtime:
         return self._subscribers.add(fn)
 
     def send_turn(
-        self, session: str, text: str, *, speaker: str | None = None, reply_to: str | None = None
+        self,
+        session: str,
+        text: str,
+        *,
+        speaker: str | None = None,
+        reply_to: str | None = None,
+        agent: str | None = None,
     ) -> None:
         """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any.
 
-        Raises as :meth:`run_turn` does for a bad session id, text or speaker.
+        Raises as :meth:`run_turn` does for a bad session id, text, speaker or agent name; a
+        stored session of another agent is answered ``TurnFailed(reason=WRONG_AGENT)``.
         """
-        self._tell_context(StartTurn(session, text, speaker, reply_to))
+        self._check_agent(agent)
+        self._tell_context(StartTurn(session, text, speaker, reply_to, agent))
 
     def run_turn(
-        self, session: str, text: str, timeout: float | None = None, *, speaker: str | None = None
+        self,
+        session: str,
+        text: str,
+        timeout: float | None = None,
+        *,
+        speaker: str | None = None,
+        agent: str | None = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended.
 
+        ``agent`` picks the profile (``[agents.NAME]``) of a new session; a stored session
+        keeps its own, and None means just that (``default`` for a new one).
+
         Raises, before anything is stored: ``ValueError`` for an invalid session id, a child's
-        id (``sub-...``), text or a speaker that is not valid Unicode, or a ``timeout`` that is
-        not a finite number of seconds above 0; ``TypeError`` for text that is not a ``str``
+        id (``sub-...``), text or a speaker that is not valid Unicode, a ``timeout`` that is
+        not a finite number of seconds above 0, an ``agent`` the config has no profile of, or
+        one that is not the stored session's; ``TypeError`` for text that is not a ``str``
         or a speaker that is neither ``str`` nor None. Raises ``TimeoutError`` if the turn has
         not ended after ``timeout`` seconds (it goes on).
         """
         check_wait(timeout, "timeout")
+        self._check_agent(agent)
         address = self.directory.unique("waiter")
-        start = StartTurn(session, text, speaker, address)
+        start = StartTurn(session, text, speaker, address, agent)
         waiter = _Waiter()
         self.directory.register(address, waiter)
         try:
@@ -354,6 +380,8 @@ class Runtime:
                 raise TimeoutError(
                     f"the turn of {session} did not end within {timeout} s; it goes on"
                 ) from None
+            if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+                raise ValueError(outcome.detail)
             return outcome
         finally:
             self.directory.unregister(address, waiter)
@@ -383,6 +411,11 @@ class Runtime:
             raise RuntimeError("this runtime is stopped")
         status: ContextStatus = self.context.ask(Inspect(), block=True, timeout=timeout)
         return tuple(status.live)
+
+    def _check_agent(self, agent: str | None) -> None:
+        if agent is not None and agent not in self.config.agent_names():
+            names = ", ".join(self.config.agent_names())
+            raise ValueError(f"no agent profile is named {agent!r} (the config has: {names})")
 
     def _tell_context(self, message: Any) -> None:
         if self._stopped:

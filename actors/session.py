@@ -9,6 +9,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from actors.agents import Agent, Agents
+from actors.config import DEFAULT_AGENT, AgentConfig
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory, session_address
 from actors.dispatch import Registry
 from actors.dispatcher import DispatchedActor, Dispatcher
@@ -42,6 +44,7 @@ from messages import (
     ModelRequest,
     PortCall,
     Remember,
+    RequestOptions,
     RunTurn,
     SessionCrashed,
     SessionRecord,
@@ -71,6 +74,17 @@ class SessionEnv:
     clock: Callable[[], datetime]
     request_ids: Iterator[int]
     dispatcher: Dispatcher
+    agents: Agents | None = None
+    """The runtime's agent profiles; None: only ``default``, with ``registry`` and no request
+    fields."""
+
+    def agent(self, name: str) -> Agent:
+        """Profile ``name`` as this runtime has it; ``KeyError`` if there is none."""
+        if self.agents is not None:
+            return self.agents.get(name)
+        if name != DEFAULT_AGENT:
+            raise KeyError(name)
+        return Agent(DEFAULT_AGENT, AgentConfig(), self.registry, RequestOptions())
 
 
 class SessionActor(DispatchedActor):
@@ -87,6 +101,8 @@ class SessionActor(DispatchedActor):
         self.address = session_address(record.id)
         self.turn: Turn | None = None
         self.pool: SlotPool = "main"  # set by each RunTurn: a child's requests use background
+        # The Context checks the profile before it starts a session, so this does not raise.
+        self.agent = env.agent(record.agent)
 
     # Life cycle.
 
@@ -164,7 +180,7 @@ class SessionActor(DispatchedActor):
             return
         self.pool = message.pool
         self.turn = Turn(
-            self.state, self.env.registry, self.env.limits, self.env.request_ids, self.env.clock
+            self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
         )
         self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
 
@@ -203,6 +219,8 @@ class SessionActor(DispatchedActor):
                         self.address,
                         self.pool,
                         effect.prefer_slot,
+                        self.agent.name,
+                        self.agent.options,
                     ),
                 )
             elif isinstance(effect, CancelModel):
@@ -217,7 +235,10 @@ class SessionActor(DispatchedActor):
             elif isinstance(effect, WriteMemory):
                 tell(CONTEXT, Remember(s.id, effect.call_id, effect.text))
             elif isinstance(effect, Spawn):
-                tell(CONTEXT, SubagentRequest(s.id, effect.call_id, effect.task, s.untrusted))
+                tell(
+                    CONTEXT,
+                    SubagentRequest(s.id, effect.call_id, effect.task, s.untrusted, effect.agent),
+                )
             elif isinstance(effect, Compact):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):

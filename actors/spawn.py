@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from actors.config import Config
 from actors.dispatch import Registry, clock_text
 from actors.text import cap_chars, neutralise
 from messages import Baseline
@@ -14,12 +13,12 @@ __all__ = ["MEMORY_HEADING", "build_baseline", "child_summary", "child_text"]
 MEMORY_HEADING = "\n\n# Memory\n\n"
 
 
-def build_baseline(config: Config, registry: Registry, memory_block: str) -> Baseline:
-    """A new session's baseline: the system prompt, the memory block, and every tool.
+def build_baseline(system: str, registry: Registry, memory_block: str) -> Baseline:
+    """A new session's baseline: the system prompt (its profile's), the memory block, and
+    every tool ``registry`` (its profile's view) lists.
 
     Nothing time-varying goes in, so the baseline stays byte-stable for the session's life.
     """
-    system = config.loop.system_prompt
     if memory_block.strip():
         system += MEMORY_HEADING + memory_block.strip()
     return Baseline(system=system, tools=registry.specs())

@@ -79,9 +79,10 @@ _T = TypeVar("_T")
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
-in ``sessions``, no ``parent``) is migrated when a store is opened."""
+in ``sessions``, no ``parent``) and version 2 (no ``agent``) are migrated when a store is
+opened; a session stored before version 3 runs the ``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -102,7 +103,8 @@ CREATE TABLE {name} (
     next_call_id INTEGER NOT NULL DEFAULT 1 CHECK (next_call_id >= 1),
     untrusted    INTEGER NOT NULL DEFAULT 0 CHECK (untrusted IN (0, 1)),
     created_at   TEXT NOT NULL,
-    updated_at   TEXT NOT NULL
+    updated_at   TEXT NOT NULL,
+    agent        TEXT NOT NULL DEFAULT 'default'
 )"""
 
 _MESSAGES = """
@@ -199,6 +201,7 @@ class SessionInfo(msgspec.Struct, frozen=True):
     created_at: str
     updated_at: str
     parent: str | None = None
+    agent: str = "default"
 
 
 class StoredMessage(msgspec.Struct, frozen=True):
@@ -333,7 +336,12 @@ class SessionStore:
                 conn.execute(_SESSIONS.format(name="sessions"))
                 conn.execute(_MESSAGES)
             elif version == 1:
-                self._migrate_from_1(conn)
+                self._migrate_from_1(conn)  # builds the version 3 table
+            elif version == 2:
+                log.info("store %s: migrating schema version 2 to %d", self.path, SCHEMA_VERSION)
+                conn.execute(
+                    "ALTER TABLE sessions ADD COLUMN agent TEXT NOT NULL DEFAULT 'default'"
+                )
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
@@ -460,24 +468,33 @@ class SessionStore:
         except Exception as exc:
             return exc
 
-    def create(self, id: str, baseline: Baseline, slot: int) -> SessionRecord:
-        """Store a new session ``id`` with ``baseline`` on ``slot``; return its record.
+    def create(
+        self, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+    ) -> SessionRecord:
+        """Store a new session ``id`` of profile ``agent`` with ``baseline`` on ``slot``;
+        return its record.
 
         It starts with no messages, 0 turns, ``next_call_id`` 1 and trusted. Raises
         :class:`SessionExists` for a stored id and ``ValueError`` for an invalid one.
         """
         check_session_id(id)
         with self._transaction(id, "create", write=True) as cur:
-            return self.create_in(cur, id, baseline, slot)
+            return self.create_in(cur, id, baseline, slot, agent=agent)
 
     def create_in(
-        self, cur: sqlite3.Cursor, id: str, baseline: Baseline, slot: int
+        self,
+        cur: sqlite3.Cursor,
+        id: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        agent: str = "default",
     ) -> SessionRecord:
         """:meth:`create` inside the caller's transaction (for :meth:`run_batch`)."""
         check_session_id(id)
         if self._row(cur, id) is not None:
             raise SessionExists(id)
-        self._insert(cur, id, baseline, slot)
+        self._insert(cur, id, baseline, slot, agent=agent)
         return self._record(cur, id)
 
     def create_child(
@@ -489,6 +506,7 @@ class SessionStore:
         *,
         untrusted: bool,
         first: ChatMessage,
+        agent: str = "default",
     ) -> tuple[SessionRecord, bool]:
         """Store child ``id`` of ``parent`` with ``first`` as its first message; True if new.
 
@@ -496,7 +514,7 @@ class SessionStore:
         """
         with self._transaction(id, "create the child", write=True) as cur:
             return self.create_child_in(
-                cur, id, parent, baseline, slot, untrusted=untrusted, first=first
+                cur, id, parent, baseline, slot, untrusted=untrusted, first=first, agent=agent
             )
 
     def create_child_in(
@@ -509,15 +527,16 @@ class SessionStore:
         *,
         untrusted: bool,
         first: ChatMessage,
+        agent: str = "default",
     ) -> tuple[SessionRecord, bool]:
         """Create child ``id`` of ``parent`` inside the caller's transaction; True if new.
 
-        A new child is stored on ``slot`` with ``baseline``, ``untrusted`` (its parent's flag),
-        ``first`` as its only message and its first turn counted. A record of ``id`` that a spawn
-        of ``parent`` created is returned as stored (False), made untrusted if ``untrusted``
-        (``first`` is not added: the turn stores it after repairing what was cut off). Any
-        other record of ``id`` raises
-        :class:`SessionTaken`, and nothing of it is read.
+        A new child is stored on ``slot`` with ``baseline``, profile ``agent``, ``untrusted``
+        (its parent's flag), ``first`` as its only message and its first turn counted. A
+        record of ``id`` that a spawn of ``parent`` created is returned as stored (False), made
+        untrusted if ``untrusted`` (``first`` is not added: the turn stores it after repairing
+        what was cut off). Any other record of ``id`` raises :class:`SessionTaken`, and nothing
+        of it is read.
         """
         check_session_id(id)
         row = cur.execute("SELECT parent FROM sessions WHERE id = ?", (id,)).fetchone()
@@ -527,7 +546,9 @@ class SessionStore:
             if untrusted:  # the flag only ever goes up, whatever the record said
                 cur.execute("UPDATE sessions SET untrusted = 1 WHERE id = ?", (id,))
             return self._record(cur, id), False
-        self._insert(cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1)
+        self._insert(
+            cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1, agent=agent
+        )
         self._insert_messages(cur, id, (first,), _now(), last=0)
         record = SessionRecord(
             id=id,
@@ -538,6 +559,7 @@ class SessionStore:
             next_call_id=1,
             untrusted=untrusted,
             parent=parent,
+            agent=agent,
         )
         return record, True
 
@@ -554,24 +576,32 @@ class SessionStore:
         """:meth:`open` inside the caller's transaction (for :meth:`run_batch`)."""
         return self._record(cur, id)
 
-    def open_or_create(self, id: str, baseline: Baseline, slot: int) -> tuple[SessionRecord, bool]:
+    def open_or_create(
+        self, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+    ) -> tuple[SessionRecord, bool]:
         """Open ``id``, or create it with ``baseline`` on ``slot``; True when it was created.
 
-        A stored session keeps its own baseline and slot (its baseline is byte-stable for its
-        life); ``baseline`` and ``slot`` are used only for a new one.
+        A stored session keeps its own baseline, slot and agent (its baseline is byte-stable
+        for its life); ``baseline``, ``slot`` and ``agent`` are used only for a new one.
         """
         check_session_id(id)
         with self._transaction(id, "open or create", write=True) as cur:
-            return self.open_or_create_in(cur, id, baseline, slot)
+            return self.open_or_create_in(cur, id, baseline, slot, agent=agent)
 
     def open_or_create_in(
-        self, cur: sqlite3.Cursor, id: str, baseline: Baseline, slot: int
+        self,
+        cur: sqlite3.Cursor,
+        id: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        agent: str = "default",
     ) -> tuple[SessionRecord, bool]:
         """:meth:`open_or_create` inside the caller's transaction (for :meth:`run_batch`)."""
         check_session_id(id)
         created = self._row(cur, id) is None
         if created:
-            self._insert(cur, id, baseline, slot)
+            self._insert(cur, id, baseline, slot, agent=agent)
         return self._record(cur, id), created
 
     def append(
@@ -648,7 +678,7 @@ class SessionStore:
             rows = cur.execute(
                 "SELECT s.id, s.slot, s.turns, s.untrusted,"
                 " (SELECT COUNT(*) FROM messages m WHERE m.session = s.id),"
-                " s.created_at, s.updated_at, s.parent FROM sessions s ORDER BY s.id"
+                " s.created_at, s.updated_at, s.parent, s.agent FROM sessions s ORDER BY s.id"
             ).fetchall()
         return [
             SessionInfo(
@@ -660,6 +690,7 @@ class SessionStore:
                 created_at=r[5],
                 updated_at=r[6],
                 parent=r[7],
+                agent=r[8],
             )
             for r in rows
         ]
@@ -722,7 +753,8 @@ class SessionStore:
     @staticmethod
     def _row(cur: sqlite3.Cursor, id: str) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = cur.execute(
-            "SELECT s.baseline, b.body, s.slot, s.turns, s.untrusted, s.next_call_id, s.parent"
+            "SELECT s.baseline, b.body, s.slot, s.turns, s.untrusted, s.next_call_id, s.parent,"
+            " s.agent"
             " FROM sessions s LEFT JOIN baselines b ON b.hash = s.baseline WHERE s.id = ?",
             (id,),
         ).fetchone()
@@ -738,6 +770,7 @@ class SessionStore:
         parent: str | None = None,
         untrusted: bool = False,
         turns: int = 0,
+        agent: str = "default",
     ) -> None:
         now = _now()
         body = _ENCODER.encode(baseline)
@@ -745,8 +778,8 @@ class SessionStore:
         cur.execute("INSERT OR IGNORE INTO baselines (hash, body) VALUES (?, ?)", (key, body))
         cur.execute(
             "INSERT INTO sessions (id, baseline, parent, slot, turns, next_call_id, untrusted,"
-            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)",
-            (id, key, parent, slot, turns, int(untrusted), now, now),
+            " created_at, updated_at, agent) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
+            (id, key, parent, slot, turns, int(untrusted), now, now, agent),
         )
 
     @staticmethod
@@ -791,7 +824,7 @@ class SessionStore:
         row = self._row(cur, id)
         if row is None:
             raise SessionNotFound(id)
-        key, body, slot, turns, untrusted, next_call_id, parent = row
+        key, body, slot, turns, untrusted, next_call_id, parent, agent = row
         baseline = self._baseline(id, key, body)
         live = cur.execute(
             "SELECT seq, body FROM messages WHERE session = ? AND compacted = 0 ORDER BY seq",
@@ -806,6 +839,7 @@ class SessionStore:
             next_call_id=next_call_id,
             untrusted=bool(untrusted),
             parent=parent,
+            agent=agent,
         )
 
     @staticmethod
@@ -949,13 +983,19 @@ class StoreActor(pykka.ThreadingActor):
                 msg.slot,
                 untrusted=msg.untrusted,
                 first=msg.first,
+                agent=msg.agent,
             )
         baseline = msg.baseline
         if baseline is None:
             return lambda cur: (store.open_in(cur, msg.session), False)
         if msg.create_only:
-            return lambda cur: (store.create_in(cur, msg.session, baseline, msg.slot), True)
-        return lambda cur: store.open_or_create_in(cur, msg.session, baseline, msg.slot)
+            return lambda cur: (
+                store.create_in(cur, msg.session, baseline, msg.slot, agent=msg.agent),
+                True,
+            )
+        return lambda cur: store.open_or_create_in(
+            cur, msg.session, baseline, msg.slot, agent=msg.agent
+        )
 
     def _reply(self, msg: StoreRequest, result: Any) -> Any:
         rid = msg.request_id

@@ -342,6 +342,7 @@ class Spawn:
     call_id: int
     child: str
     task: str
+    agent: str = "default"
 
 
 @dataclass(frozen=True)
@@ -697,7 +698,7 @@ class Turn:
                 route = Answered(denial_message(DenyReason.UNTRUSTED, detail), True)
             if isinstance(route, SpawnChild):
                 spawned += 1
-                denial = self._spawn(call.id, route.task, spawned, effects)
+                denial = self._spawn(call.id, route, spawned, effects)
                 if denial is None:
                     continue
                 route = denial
@@ -708,7 +709,9 @@ class Turn:
             effects.append(Emit(finished))
         return effects + self._maybe_continue()
 
-    def _spawn(self, call_id: int, task: str, nth: int, effects: list[Effect]) -> Answered | None:
+    def _spawn(
+        self, call_id: int, route: SpawnChild, nth: int, effects: list[Effect]
+    ) -> Answered | None:
         """Add the Spawn of a ``subagent`` call to ``effects``, or return its denial."""
         try:
             child = child_id(self.state.id, call_id)
@@ -722,7 +725,7 @@ class Turn:
         if nth > self.limits.max_children:
             detail = f"one answer may start {self.limits.max_children} children (loop.max_children)"
             return Answered(denial_message(DenyReason.LIMIT, detail), True)
-        effects.append(Spawn(call_id, child, task))
+        effects.append(Spawn(call_id, child, route.task, route.agent))
         return None
 
     def _maybe_continue(self) -> list[Effect]:

@@ -13,6 +13,7 @@ from messages.chat import (
     ModelReply,
     ModelRequest,
     ProposedCall,
+    RequestOptions,
     SlotPool,
     Usage,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "ProposedCall",
     "ReleaseSession",
     "Remember",
+    "RequestOptions",
     "RunTurn",
     "ScheduledTurn",
     "SessionCrashed",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from msgspec import field
 
@@ -18,6 +18,7 @@ __all__ = [
     "ModelReply",
     "ModelRequest",
     "ProposedCall",
+    "RequestOptions",
     "SlotPool",
     "Usage",
 ]
@@ -53,11 +54,27 @@ class Baseline(Message, frozen=True):
     tools: tuple[ToolSpec, ...] = ()
 
 
+class RequestOptions(Message, frozen=True):
+    """The request fields an agent profile sets (``[agents.NAME]``); None leaves one out.
+
+    ``model`` replaces ``model.name``; ``extra_body`` is merged into the request body last.
+    """
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
 class ModelRequest(Message, frozen=True):
     """One chat-completions request of ``session``, to be answered at ``reply_to``.
 
     The model service sends the request on a free slot of ``pool``: ``slot`` if
     ``prefer_slot`` (the session's prompt is cached there) and it is free.
+    ``agent`` is the session's profile and ``options`` the request fields it sets.
     """
 
     session: SessionId
@@ -68,6 +85,8 @@ class ModelRequest(Message, frozen=True):
     reply_to: str
     pool: SlotPool = "main"
     prefer_slot: bool = False
+    agent: str = "default"
+    options: RequestOptions = field(default_factory=RequestOptions)
 
 
 class ProposedCall(Message, frozen=True):

@@ -55,6 +55,8 @@ class SessionRecord(Message, frozen=True):
     untrusted: bool
     parent: SessionId | None = None
     """The session whose spawn created this one (a child); None for a top-level session."""
+    agent: str = "default"
+    """The agent profile (``[agents.NAME]``) the session was created with."""
 
 
 class OpenSession(Message, frozen=True):
@@ -72,6 +74,8 @@ class OpenSession(Message, frozen=True):
     reply_to: str
     create_only: bool = False
     request_id: int = 0
+    agent: str = "default"
+    """The agent profile a session created here is stored with (a stored one keeps its own)."""
 
 
 class CreateChild(Message, frozen=True):
@@ -92,6 +96,8 @@ class CreateChild(Message, frozen=True):
     first: ChatMessage
     reply_to: str
     request_id: int = 0
+    agent: str = "default"
+    """The agent profile the child runs."""
 
 
 class SessionLoaded(Message, frozen=True):

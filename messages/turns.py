@@ -39,6 +39,9 @@ class FailReason(enum.StrEnum):
     """A new session's baseline could not be built (for example, the memory source failed)."""
     TIMEOUT = "timeout"
     """A child outlived ``loop.child_timeout_s``; it is cancelled."""
+    WRONG_AGENT = "wrong_agent"
+    """The turn named an agent profile that is not the stored session's, or the session's
+    profile is no longer configured; nothing was stored."""
 
 
 class StartTurn(Message, frozen=True):
@@ -56,6 +59,9 @@ class StartTurn(Message, frozen=True):
     text: str
     speaker: str | None = None
     reply_to: str | None = None
+    agent: str | None = None
+    """The agent profile of a new session (None: ``default``); a stored session keeps its own,
+    and naming another one fails the turn with ``WRONG_AGENT``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,6 +105,8 @@ class SubagentRequest(Message, frozen=True):
     call_id: CallId
     task: str
     untrusted: bool = False
+    agent: str = "default"
+    """The agent profile the child runs (the ``agent`` argument of the call)."""
 
 
 class SubagentCompleted(Message, frozen=True):

@@ -24,7 +24,7 @@ RUNBOOK = DOCS / "runbook.md"
 TOP = "Top level"
 """The heading of the top-level keys (``home``) in docs/configuration.md."""
 
-_TYPE_WORDS = re.compile(r"\b(int|float|str|bool|none|list)\b")
+_TYPE_WORDS = re.compile(r"\b(int|float|str|bool|none|list|table)\b")
 
 
 # --- reading the docs -------------------------------------------------------------------------
@@ -50,7 +50,8 @@ def config_tables() -> dict[str, dict[str, tuple[str, str]]]:
     for line in CONFIGURATION.read_text(encoding="utf-8").splitlines():
         if line.startswith("## "):
             text = line[3:].strip()
-            heading = text if text == TOP or re.fullmatch(r"\[\w+\]|\[\[\w+\]\]", text) else None
+            table = r"\[\w+\]|\[\[\w+\]\]|\[\w+\.NAME\]"
+            heading = text if text == TOP or re.fullmatch(table, text) else None
             continue
         if heading is None or not line.startswith("|"):
             continue
@@ -65,10 +66,13 @@ def config_tables() -> dict[str, dict[str, tuple[str, str]]]:
 
 
 def parse_default(cell: str) -> Any:
-    """A documented default: ``none``, ``true``, ``false``, a quoted string, or a number."""
+    """A documented default: ``none``, ``true``, ``false``, ``{}``, a quoted string, or a
+    number."""
     words = {"none": None, "true": True, "false": False}
     if cell in words:
         return words[cell]
+    if cell == "{}":
+        return {}
     if cell.startswith('"'):
         return json.loads(cell)
     try:
@@ -99,10 +103,13 @@ def slug(heading: str) -> str:
 
 
 def _table_struct(annotation: Any) -> type[msgspec.Struct] | None:
-    """The struct of a field that is a TOML table: ``S``, ``S | None`` or ``tuple[S, ...]``."""
+    """The struct of a field that is a TOML table: ``S``, ``S | None``, ``tuple[S, ...]`` or
+    ``dict[str, S]`` (tables by name)."""
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return annotation
     args = [a for a in get_args(annotation) if a is not type(None) and a is not Ellipsis]
+    if get_origin(annotation) is dict:
+        args = args[1:]
     if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], msgspec.Struct):
         return args[0]
     return None
@@ -110,13 +117,16 @@ def _table_struct(annotation: Any) -> type[msgspec.Struct] | None:
 
 def sections() -> dict[str, type[msgspec.Struct]]:
     """``{heading: struct}``: ``Top level`` is Config; each table field is ``[name]``, or
-    ``[[name]]`` for a tuple of tables."""
+    ``[[name]]`` for a tuple of tables, ``[name.NAME]`` for tables by name."""
     found: dict[str, type[msgspec.Struct]] = {TOP: Config}
     for field in msgspec.structs.fields(Config):
         struct = _table_struct(field.type)
         if struct is not None:
-            many = get_origin(field.type) is tuple
-            found[f"[[{field.name}]]" if many else f"[{field.name}]"] = struct
+            origin = get_origin(field.type)
+            if origin is dict:
+                found[f"[{field.name}.NAME]"] = struct
+            else:
+                found[f"[[{field.name}]]" if origin is tuple else f"[{field.name}]"] = struct
     return found
 
 
@@ -144,8 +154,14 @@ def type_words(annotation: Any) -> tuple[set[str], list[str]]:
                     value = getattr(meta, name, None)
                     if value is not None:
                         limits.append(f"{op} {value}")
-        if get_origin(member) is tuple:
-            names.add("list")  # a TOML array
+        if get_origin(member) is tuple:  # ``tuple[str, ...]``: a TOML array of str
+            names.add("list")
+            for item in get_args(member):
+                if item is not Ellipsis:
+                    inner, _ = type_words(item)
+                    names |= inner
+        elif get_origin(member) is dict:  # ``dict[str, Any]``: a TOML table
+            names.add("table")
         elif get_origin(member) is Literal:
             names.add("str")  # one of the quoted words the cell names
         else:
@@ -213,6 +229,12 @@ def test_the_example_sets_every_documented_key():
     (example,) = toml_examples()
     data = tomllib.loads(example)
     for section, rows in config_tables().items():
+        if section.endswith(".NAME]"):
+            # Tables by name: some keys exclude each other, so the profiles together set all.
+            named = data[section.strip("[]").removesuffix(".NAME")].values()
+            keys = set().union(*(set(t) for t in named))
+            assert set(rows) <= keys, f"the example lacks keys of {section}"
+            continue
         found = data if section == TOP else data[section.strip("[]")]
         for table in found if isinstance(found, list) else [found]:
             assert set(rows) <= set(table), f"the example lacks keys of {section}"

@@ -38,6 +38,7 @@ from messages import (
     PortCall,
     ProposedCall,
     ReleaseSession,
+    RequestOptions,
     RunTurn,
     SessionCrashed,
     SessionId,
@@ -150,6 +151,17 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         reply_to="session/mm-thread",
         pool="background",
         prefer_slot=True,
+        agent="researcher",
+        options=RequestOptions(model="cheap", temperature=0.2, stop=("END",)),
+    ),
+    RequestOptions: lambda: RequestOptions(
+        model="cheap",
+        temperature=0.2,
+        top_p=0.9,
+        max_tokens=256,
+        stop=("END",),
+        seed=7,
+        extra_body={"top_k": 40, "response_format": {"type": "json_object"}},
     ),
     ModelRequestSent: lambda: ModelRequestSent(session="mm-thread", slot=1, step=3, at=AT),
     CreateChild: lambda: CreateChild(
@@ -431,8 +443,9 @@ def test_no_message_field_is_declared_to_hold_a_live_object() -> None:
     loose: set[str] = set()
     for info in infos:
         loose.update(_live_object_fields(info, "", set()))
-    # A tool's JSON schema is free-form JSON; it is the one place an untyped value is allowed.
-    assert loose <= {"ToolSpec.parameters{}"}
+    # A tool's JSON schema and a profile's extra request fields are free-form JSON; they are
+    # the only places an untyped value is allowed.
+    assert loose <= {"ToolSpec.parameters{}", "RequestOptions.extra_body{}"}
 
 
 # --- SessionId ------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ def test_store_file_is_configured_for_durability(sqlite_store: SessionStore, db:
     assert db.is_file()
     with raw_db(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (2,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
 
 
 def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
@@ -599,6 +599,7 @@ def test_a_version_1_store_is_migrated_and_keeps_working(db: Path) -> None:
         assert mm.baseline == BASELINE and mm.slot == 0
         assert mm.transcript == tuple(conversation()[2:])  # compacted rows stay compacted
         assert (mm.turns, mm.next_call_id, mm.untrusted, mm.parent) == (1, 2, False, None)
+        assert mm.agent == "default"
         assert [m.seq for m in store.history("mm")] == [1, 2, 3, 4]
         child = store.open("sub-mm-1")
         assert (child.untrusted, child.transcript, child.parent) == (True, (user("t"),), None)
@@ -606,13 +607,85 @@ def test_a_version_1_store_is_migrated_and_keeps_working(db: Path) -> None:
         store.append("mm", [user("after")], turns=2, next_call_id=2, untrusted=False)
         store.create("new", BASELINE, 0)
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
         assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
-    # Opened again (now version 2), nothing moves.
+    # Opened again (now version 3), nothing moves.
     with SessionStore(db) as store:
         assert store.open("mm").transcript[-1] == user("after")
         assert [i.id for i in store.list_sessions()] == ["mm", "new", "other", "sub-mm-1"]
+
+
+# The tables of version 2 stores, exactly as loopd wrote them (no ``agent``).
+V2_SCHEMA = """
+CREATE TABLE baselines (
+    hash TEXT PRIMARY KEY NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE TABLE sessions (
+    id           TEXT PRIMARY KEY NOT NULL,
+    baseline     TEXT NOT NULL REFERENCES baselines(hash),
+    parent       TEXT,
+    slot         INTEGER NOT NULL,
+    turns        INTEGER NOT NULL DEFAULT 0,
+    next_call_id INTEGER NOT NULL DEFAULT 1 CHECK (next_call_id >= 1),
+    untrusted    INTEGER NOT NULL DEFAULT 0 CHECK (untrusted IN (0, 1)),
+    created_at   TEXT NOT NULL,
+    updated_at   TEXT NOT NULL
+);
+CREATE TABLE messages (
+    session   TEXT NOT NULL REFERENCES sessions(id),
+    seq       INTEGER NOT NULL CHECK (seq >= 1),
+    body      BLOB NOT NULL,
+    compacted INTEGER NOT NULL DEFAULT 0 CHECK (compacted IN (0, 1)),
+    at        TEXT NOT NULL,
+    PRIMARY KEY (session, seq)
+);
+PRAGMA user_version = 2;
+"""
+
+
+def test_a_version_2_store_is_migrated_and_its_sessions_run_default(db: Path) -> None:
+    db.parent.mkdir(parents=True, exist_ok=True)
+    body = msgspec.json.encode(BASELINE)
+    at = "2026-11-01T00:00:00.000Z"
+    with raw_db(db) as raw:
+        raw.executescript(V2_SCHEMA)
+        raw.execute("INSERT INTO baselines VALUES ('h', ?)", (body,))
+        raw.execute("INSERT INTO sessions VALUES ('mm', 'h', NULL, 0, 1, 3, 0, ?, ?)", (at, at))
+        raw.execute(
+            "INSERT INTO messages VALUES ('mm', 1, ?, 0, ?)", (msgspec.json.encode(user("hi")), at)
+        )
+    with SessionStore(db) as store:
+        mm = store.open("mm")
+        assert (mm.agent, mm.turns, mm.next_call_id, mm.transcript) == (
+            "default",
+            1,
+            3,
+            (user("hi"),),
+        )
+        store.create("planned", BASELINE, 0, agent="planner")
+    with raw_db(db) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
+    with SessionStore(db) as store:
+        assert store.open("planned").agent == "planner"
+        assert [(i.id, i.agent) for i in store.list_sessions()] == [
+            ("mm", "default"),
+            ("planned", "planner"),
+        ]
+
+
+def test_the_agent_is_stored_with_each_kind_of_session(store: SessionStore) -> None:
+    store.create("a", BASELINE, 0, agent="planner")
+    record, created = store.open_or_create("b", BASELINE, 0, agent="writer")
+    assert created and record.agent == "writer"
+    again, created = store.open_or_create("b", BASELINE, 0, agent="other")
+    assert not created and again.agent == "writer"  # a stored session keeps its own
+    child, _ = store.create_child(
+        "sub-a-1", "a", BASELINE, 1, untrusted=False, first=user("t"), agent="researcher"
+    )
+    assert child.agent == store.open("sub-a-1").agent == "researcher"
+    assert store.open("a").agent == "planner"
 
 
 def test_a_migrated_child_record_is_not_taken_for_a_child(db: Path) -> None:

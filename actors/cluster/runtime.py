@@ -199,16 +199,24 @@ class ClusterRuntime(Runtime):
             raise RuntimeError("this runtime is stopped")
 
     def run_turn(
-        self, session: str, text: str, timeout: float | None = None, *, speaker: str | None = None
+        self,
+        session: str,
+        text: str,
+        timeout: float | None = None,
+        *,
+        speaker: str | None = None,
+        agent: str | None = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` on its shard and return how it ended.
 
         A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises
-        ``ValueError`` for an invalid id and ``TimeoutError`` after ``timeout`` (it goes on).
+        ``ValueError`` for an invalid id, an ``agent`` the config has no profile of or one that
+        is not the stored session's, and ``TimeoutError`` after ``timeout`` (it goes on).
         """
         self._check(session)
+        self._check_agent(agent)
         index = self.shard_of(session)
-        ref = self._shard(index).run_turn.remote(session, text, speaker, timeout)
+        ref = self._shard(index).run_turn.remote(session, text, speaker, timeout, agent)
         ray = _ray()
         try:
             data = ray.get(ref, timeout=timeout)
@@ -219,6 +227,8 @@ class ClusterRuntime(Runtime):
         except Exception as exc:
             return self._failed(session, index, exc)
         outcome: TurnOutcome = _OUTCOME.decode(data)
+        if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+            raise ValueError(outcome.detail)
         return outcome
 
     def _failed(self, session: str, index: int, exc: BaseException) -> TurnOutcome:
@@ -239,12 +249,19 @@ class ClusterRuntime(Runtime):
         return TurnFailed(session, FailReason.CRASHED, f"shard {index} failed the call: {exc}")
 
     def send_turn(
-        self, session: str, text: str, *, speaker: str | None = None, reply_to: str | None = None
+        self,
+        session: str,
+        text: str,
+        *,
+        speaker: str | None = None,
+        reply_to: str | None = None,
+        agent: str | None = None,
     ) -> None:
         """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`."""
         self._check(session)
+        self._check_agent(agent)
         index = self.shard_of(session)
-        ref = self._shard(index).run_turn.remote(session, text, speaker, None)
+        ref = self._shard(index).run_turn.remote(session, text, speaker, None, agent)
         if reply_to is None:
             return
 

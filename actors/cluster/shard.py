@@ -24,7 +24,7 @@ from actors.cluster.routing import shard_of
 from actors.config import ClusterConfig, Config
 from actors.port import PortTool
 from actors.runtime import Runtime
-from messages import TurnEvent
+from messages import FailReason, TurnEvent, TurnFailed
 
 __all__ = ["EVENTS_KEPT", "EventLog", "Shard", "shard_config"]
 
@@ -103,10 +103,23 @@ class Shard:
         return os.getpid(), self.epoch
 
     def run_turn(
-        self, session: str, text: str, speaker: str | None, timeout: float | None
+        self,
+        session: str,
+        text: str,
+        speaker: str | None,
+        timeout: float | None,
+        agent: str | None = None,
     ) -> bytes:
-        """Run one turn; its outcome as msgpack bytes (``TurnCompleted`` or ``TurnFailed``)."""
-        outcome = self.runtime.run_turn(session, text, timeout, speaker=speaker)
+        """Run one turn; its outcome as msgpack bytes (``TurnCompleted`` or ``TurnFailed``).
+
+        A stored session of another agent profile than ``agent`` is ``TurnFailed(WRONG_AGENT)``
+        (the caller's runtime raises ``ValueError`` for it, as a local one does)."""
+        try:
+            outcome = self.runtime.run_turn(session, text, timeout, speaker=speaker, agent=agent)
+        except ValueError as exc:
+            if agent is None:
+                raise
+            outcome = TurnFailed(session, FailReason.WRONG_AGENT, str(exc))
         return _ENCODER.encode(outcome)
 
     def send_turn(self, session: str, text: str, speaker: str | None) -> None:

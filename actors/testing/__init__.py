@@ -11,13 +11,14 @@
 from actors.testing.chat_server import ChatServer
 from actors.testing.model import ScriptedModel
 from actors.testing.probe import Probe
-from actors.testing.script import Answer, RawResponse, call, calls, reply
+from actors.testing.script import Answer, RawResponse, ScriptBook, call, calls, reply
 
 __all__ = [
     "Answer",
     "ChatServer",
     "Probe",
     "RawResponse",
+    "ScriptBook",
     "ScriptedModel",
     "call",
     "calls",

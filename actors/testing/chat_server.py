@@ -22,19 +22,20 @@ llama.cpp's ``GET /props``.
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-from actors.testing.script import Answer, RawResponse
+from actors.testing.script import Answer, RawResponse, ScriptBook
 
 __all__ = ["ChatServer", "Closed", "Delayed", "Drip", "Endless", "ScriptFunction", "Step"]
 
@@ -86,6 +87,10 @@ _POLL_S = 0.02
 
 class _ClientGone(Exception):
     pass
+
+
+def _by_model(book: ScriptBook[dict[str, Any], Step], body: dict[str, Any]) -> Step:
+    return book.answer(body.get("model"), body)
 
 
 def _json_error(status: int, message: str) -> RawResponse:
@@ -239,14 +244,24 @@ class ChatServer:
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. It serves
     ``POST /v1/chat/completions`` (anything else is 404), handling requests concurrently.
     A list script answers in order; once it runs out every further request gets HTTP 500 and the
-    fact is recorded in :attr:`errors`. A callable script gets each request body.
+    fact is recorded in :attr:`errors`. A callable script gets each request body. A mapping
+    gives one script (list or callable) per request ``model``, so each agent profile's model
+    plays its own part: ``ChatServer({"big": [call("subagent", ...)], "small": [reply(..)]})``.
     """
 
-    def __init__(self, script: Sequence[Step] | ScriptFunction, *, total_slots: int | None = None):
+    def __init__(
+        self,
+        script: Sequence[Step] | ScriptFunction | Mapping[str, Sequence[Step] | ScriptFunction],
+        *,
+        total_slots: int | None = None,
+    ):
         """Prepare a server answering from ``script``; nothing listens before :meth:`start`.
 
         ``total_slots`` makes it answer ``GET /props`` like llama-server with that many slots.
         """
+        if isinstance(script, Mapping):
+            book: ScriptBook[dict[str, Any], Step] = ScriptBook(script)
+            script = functools.partial(_by_model, book)
         self._function: ScriptFunction | None = script if callable(script) else None
         self._script: list[Step] = [] if callable(script) else list(script)
         self.total_slots = total_slots

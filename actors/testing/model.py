@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from actors.model import ModelFailure
-from actors.testing.script import Answer
+from actors.testing.script import Answer, ScriptBook
 from messages import ModelAnswer, ModelRequest
 
 __all__ = ["ScriptedModel"]
+
+
+def _by_agent(book: ScriptBook[ModelRequest, Answer], request: ModelRequest) -> Answer:
+    try:
+        return book.answer(request.agent, request)
+    except LookupError as exc:
+        raise ModelFailure(f"the scripted model: {exc}") from None
+
 
 Script = Sequence[Answer] | Callable[[ModelRequest], Answer]
 
@@ -19,15 +28,20 @@ class ScriptedModel:
 
     ``script`` is a list of answers given in order (running out is a model error), or a function
     of the request. A function runs outside the model's lock, so it may block to hold a request
-    in flight. Raise ``ModelFailure`` from it to answer a model error.
+    in flight. Raise ``ModelFailure`` from it to answer a model error. A mapping gives one
+    script per agent profile (``request.agent``): ``ScriptedModel({"default": [...],
+    "researcher": [...]})``; a profile without one, or a list that ran out, is a model error.
 
     An in-process model has no llama.cpp slots: its requests run as they come. With
     ``uses_slots=True`` they take slots of the runtime's slot table, like the HTTP client's
     (``request.slot`` is then the slot granted).
     """
 
-    def __init__(self, script: Script, *, uses_slots: bool = False) -> None:
-        self._script = script
+    def __init__(self, script: Script | Mapping[str, Script], *, uses_slots: bool = False) -> None:
+        if isinstance(script, Mapping):
+            book: ScriptBook[ModelRequest, Answer] = ScriptBook(script)
+            script = functools.partial(_by_agent, book)
+        self._script: Script = script
         self.uses_slots = uses_slots
         self._next = 0
         self._cond = threading.Condition()

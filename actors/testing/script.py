@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from messages import ProposedCall
 
-__all__ = ["Answer", "RawResponse", "call", "calls", "reply"]
+__all__ = ["Answer", "RawResponse", "ScriptBook", "call", "calls", "reply"]
+
+_Step = TypeVar("_Step")
+_Request = TypeVar("_Request")
 
 
 class Answer(msgspec.Struct, frozen=True):
@@ -48,3 +53,32 @@ def call(name: str, arguments: str | dict[str, Any] | None = None, **kwargs: Any
 def calls(*items: tuple[str, str | dict[str, Any]]) -> Answer:
     """An answer with several tool calls, each ``(name, arguments)``, in the order given."""
     return Answer(tool_calls=tuple(ProposedCall(n, _arguments(a, {})) for n, a in items))
+
+
+class ScriptBook(Generic[_Request, _Step]):
+    """One script per name (an agent's model, or its profile), each a list answered in order or
+    a function of the request: what lets a test play a planner and a researcher with different
+    scripts. :meth:`answer` raises ``LookupError`` naming the name for a name without a script,
+    or a list that ran out."""
+
+    def __init__(
+        self, scripts: Mapping[str, Sequence[_Step] | Callable[[_Request], _Step]]
+    ) -> None:
+        self._scripts = dict(scripts)
+        self._next = dict.fromkeys(self._scripts, 0)
+        self._lock = threading.Lock()
+
+    def answer(self, name: object, request: _Request) -> _Step:
+        """The next answer of ``name``'s script to ``request``."""
+        if not isinstance(name, str) or name not in self._scripts:
+            known = ", ".join(sorted(self._scripts))
+            raise LookupError(f"no script for {name!r} (scripts: {known})")
+        script = self._scripts[name]
+        if callable(script):
+            return script(request)
+        with self._lock:
+            index = self._next[name]
+            if index >= len(script):
+                raise LookupError(f"the script of {name!r} ran out of answers after {len(script)}")
+            self._next[name] = index + 1
+        return script[index]
