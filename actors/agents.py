@@ -25,10 +25,12 @@ MAX_SYSTEM_FILE_BYTES = 1 << 20
 """The largest ``system_file`` read (1 MiB)."""
 
 
-def request_options(profile: AgentConfig) -> RequestOptions:
-    """The request fields ``profile`` sets."""
+def request_options(profile: AgentConfig, backend: str = "llama.cpp") -> RequestOptions:
+    """The request fields ``profile`` sets; its ``backend``, else ``backend``
+    (``model.backend``)."""
     return RequestOptions(
         model=profile.model,
+        backend=profile.backend or backend,
         temperature=profile.temperature,
         top_p=profile.top_p,
         max_tokens=profile.max_tokens,
@@ -73,7 +75,8 @@ class Agents:
                 view = registry.for_agent(profile.tools, catalogue)
             except ValueError as exc:
                 raise ConfigError(f"agents.{name}.tools: {exc}") from None
-            self._agents[name] = Agent(name, profile, view, request_options(profile))
+            options = request_options(profile, config.model.backend)
+            self._agents[name] = Agent(name, profile, view, options)
 
     def __contains__(self, name: object) -> bool:
         return name in self._agents

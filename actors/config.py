@@ -21,6 +21,7 @@ from actors.text import redact
 from messages import SlotPool, check_session_id, check_top_level_session
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_AGENT",
     "RESERVED_BODY_KEYS",
     "AgentConfig",
@@ -39,6 +40,7 @@ __all__ = [
     "SlotPool",
     "SlotsConfig",
     "StoreConfig",
+    "check_backend",
     "check_base_url",
     "check_wait",
 ]
@@ -119,6 +121,16 @@ def check_base_url(url: str, key: str = "model.base_url") -> str:
     except (httpx.InvalidURL, ValueError) as exc:
         raise refuse(str(exc)) from None
     return url
+
+
+BACKENDS = ("llama.cpp", "openai")
+"""The values of ``model.backend`` (and a profile's ``backend``)."""
+
+
+def check_backend(value: str, key: str) -> None:
+    """``ConfigError`` naming ``key`` unless ``value`` is one of :data:`BACKENDS`."""
+    if value not in BACKENDS:
+        raise ConfigError(f"{key} must be one of {', '.join(BACKENDS)}, not {value!r}")
 
 
 def _check_path_text(value: str, key: str) -> None:
@@ -215,6 +227,9 @@ class ModelConfig(_Section, frozen=True):
     """The first retry's wait; each further retry waits twice as long."""
     retry_max_wait_s: Annotated[float, Meta(ge=0)] = 30.0
     """The longest wait before a retry, a server's Retry-After included."""
+    backend: str = "llama.cpp"
+    """What the server speaks: ``llama.cpp`` (``id_slot`` and ``cache_prompt`` are sent) or
+    ``openai`` (the plain chat-completions request, nothing else)."""
     max_tokens: Annotated[int, Meta(ge=1)] = 2048
     """The longest answer, in tokens, sent as ``max_tokens`` with every request."""
     on_length: str = "fail"
@@ -225,6 +240,7 @@ class ModelConfig(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_backend(self.backend, "model.backend")
         check_base_url(self.base_url)
         if self.on_length not in ("fail", "keep"):
             raise ConfigError(f'model.on_length must be "fail" or "keep", not {self.on_length!r}')
@@ -378,6 +394,8 @@ class AgentConfig(_Section, frozen=True):
     """A file holding the system prompt, relative to ``home``; read when a baseline is built."""
     model: str | None = None
     """The ``model`` field of this agent's requests (default ``model.name``)."""
+    backend: str | None = None
+    """What this agent's server speaks (default ``model.backend``); see :class:`ModelConfig`."""
     tools: tuple[str, ...] | None = None
     """The tools this agent may see and call, built-in and port alike (default: all)."""
     temperature: Annotated[float, Meta(ge=0)] | None = None
@@ -406,6 +424,8 @@ class AgentConfig(_Section, frozen=True):
             raise ConfigError(f"{key}: set system or system_file, not both")
         if self.system_file is not None:
             _check_path_text(self.system_file, f"{key}.system_file")
+        if self.backend is not None:
+            check_backend(self.backend, f"{key}.backend")
         if "\n" in self.description or "\r" in self.description:
             raise ConfigError(f"{key}.description must be one line")
         reserved = sorted(RESERVED_BODY_KEYS & self.extra_body.keys())

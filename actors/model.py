@@ -220,8 +220,9 @@ def request_body(
     when there are none; ``max_tokens``, when given, bounds the answer (``model.max_tokens``);
     the profile's ``request.options`` then set ``model`` and the sampling fields (its own
     ``max_tokens`` included) and merge ``extra_body``; ``id_slot`` is the request's slot and
-    ``cache_prompt`` is true so llama.cpp reuses the slot's cached prefix. Tool-call arguments
-    that are not a JSON object go as ``{}``. A function of its arguments only: nothing
+    ``cache_prompt`` is true so llama.cpp reuses the slot's cached prefix, unless the backend is
+    ``openai``, which gets the plain chat-completions request. Tool-call arguments that are not
+    a JSON object go as ``{}``. A function of its arguments only: nothing
     time-varying goes in. Raises ``ValueError`` for a tool message without ``tool_call_id``.
     """
     body: dict[str, Any] = {
@@ -233,8 +234,9 @@ def request_body(
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     _add_options(body, request.options)
-    body["id_slot"] = request.slot
-    body["cache_prompt"] = True
+    if request.options.backend != "openai":
+        body["id_slot"] = request.slot
+        body["cache_prompt"] = True
     return body
 
 

@@ -61,6 +61,9 @@ class RequestOptions(Message, frozen=True):
     """
 
     model: str | None = None
+    backend: str | None = None
+    """``openai``: leave llama.cpp's ``id_slot`` and ``cache_prompt`` out; anything else
+    (``llama.cpp``, None) sends them."""
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from actors import Config, ModelConfig, Runtime
@@ -357,6 +358,51 @@ def test_scripted_model_plays_each_profile_offline(loopd_runtime, loopd_config) 
     assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted("mm", "done")
     parent, child, again = model.requests
     assert [r.agent for r in model.requests] == ["default", "researcher", "default"]
-    assert child.options == RequestOptions(model="small", max_tokens=99)
-    assert parent.options == again.options == RequestOptions()
+    assert child.options == RequestOptions(model="small", max_tokens=99, backend="llama.cpp")
+    assert parent.options == again.options == RequestOptions(backend="llama.cpp")
     assert again.messages[-1].content == "sub-mm-1 completed\nfound it"
+
+
+# --- backends ---------------------------------------------------------------------------------
+
+
+def test_the_openai_backend_sends_only_the_chat_completions_shape() -> None:
+    llama = request_body("m", model_request(RequestOptions(backend="llama.cpp")))
+    openai = request_body("m", model_request(RequestOptions(backend="openai", seed=1)))
+    assert (llama["id_slot"], llama["cache_prompt"]) == (0, True)
+    assert set(openai) == {"model", "messages", "seed"}
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[model]\nbackend = "vllm"\n', "model.backend must be one of llama.cpp, openai"),
+        ('[agents.r]\nbackend = "ollama"\n', "agents.r.backend must be one of llama.cpp, openai"),
+    ],
+)
+def test_an_unknown_backend_is_refused(toml: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        Config.from_toml(toml)
+
+
+def test_backends_over_http_per_model_and_per_profile(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    def planner(body: dict[str, Any]):
+        if body["messages"][-1]["role"] == "user":
+            return call("subagent", task="t", agent="local")
+        return reply(last_tool_text(body))
+
+    server = chat_server({"big": planner, "small": [reply("from llama.cpp")]})
+    config = profiles_config(
+        loopd_config, server.base_url, local=AgentConfig(model="small", backend="llama.cpp")
+    )
+    config = config.replace(model=msgspec.structs.replace(config.model, backend="openai"))
+    rt = loopd_runtime(config=config)
+    assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted(
+        "mm", "sub-mm-1 completed\nfrom llama.cpp"
+    )
+    first, child, second = server.requests
+    for hosted in (first, second):  # a hosted API answers 400 to fields it does not know
+        assert "id_slot" not in hosted and "cache_prompt" not in hosted
+    assert (child["id_slot"], child["cache_prompt"]) == (1, True)
