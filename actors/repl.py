@@ -182,8 +182,12 @@ class Helpers:
 
     # Turns.
 
-    def turn(self, session: str, text: str, timeout: float = 120) -> TurnOutcome:
-        """Run one turn of ``session`` and return its TurnCompleted or TurnFailed.
+    def turn(
+        self, session: str, text: str, timeout: float = 120, *, agent: str | None = None
+    ) -> TurnOutcome:
+        """Run one turn of ``session`` and return its TurnCompleted or TurnFailed; ``agent``
+        picks the profile of a new session (``ValueError`` for another one than a stored
+        session's).
 
         The turn's events, its children's included, are printed live while it runs (once
         only if ``tail`` is on). Raises ``ValueError`` for an invalid id and ``TimeoutError``
@@ -199,7 +203,7 @@ class Helpers:
 
         unsubscribe = self.rt.subscribe(watch)
         try:
-            outcome = self.rt.run_turn(session, text, timeout)
+            outcome = self.rt.run_turn(session, text, timeout, agent=agent)
             # The session emits TurnEnded before it reports the outcome, so the bus has it
             # already; wait for it to be printed. A BUSY refusal never began, so has none.
             if not (isinstance(outcome, TurnFailed) and outcome.reason == FailReason.BUSY):
@@ -208,15 +212,17 @@ class Helpers:
         finally:
             unsubscribe()
 
-    def send(self, session: str, text: str) -> None:
-        """Start a turn of ``session`` and return at once.
+    def send(self, session: str, text: str, *, agent: str | None = None) -> None:
+        """Start a turn of ``session`` (of profile ``agent``, if new) and return at once.
 
         Its events print if ``tail()`` is on; its outcome prints as ``send: ...`` when it
         comes. Raises ``ValueError`` for an invalid id or a child's (``sub-...``), and as
         ``run_turn`` does for bad text.
         """
         address = self.rt.directory.unique("repl-send")
-        start = StartTurn(session, text, None, address)  # checks the id, text: raises first
+        if agent is not None and agent not in self.rt.config.agent_names():
+            raise ValueError(f"no agent profile is named {agent!r}")
+        start = StartTurn(session, text, None, address, agent)  # checks the id, text first
         reply = _SendReply(self, address)
         self.rt.directory.register(address, reply)
         try:

@@ -448,6 +448,37 @@ def test_run_uses_the_config_file(chat_server: Server, tmp_path: Path) -> None:
     assert (home / "loopd.db").exists()
 
 
+def test_run_agent_picks_the_profile_and_a_stored_session_keeps_it(
+    chat_server: Server, tmp_path: Path
+) -> None:
+    server = chat_server({"big": [reply("planned")], "small": [reply("read"), reply("again")]})
+    home = tmp_path / "profiled"
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{home}"\n\n[model]\nbase_url = "{server.base_url}"\nname = "big"\n\n'
+        '[agents.researcher]\nmodel = "small"\nsystem = "You read."\n'
+    )
+    result = loopd(
+        tmp_path, "run", "--config", config, "--agent", "researcher", "--session", "r", "hi"
+    )
+    assert (result.returncode, result.stdout) == (0, "read\n"), result.stderr
+    assert server.requests[0]["messages"][0] == {"role": "system", "content": "You read."}
+    # Resumed without --agent: the stored profile.
+    result = loopd(tmp_path, "run", "--config", config, "--session", "r", "more")
+    assert (result.returncode, result.stdout) == (0, "again\n"), result.stderr
+    # Another profile for the stored session: refused, exit 2, nothing sent.
+    result = loopd(tmp_path, "run", "--config", config, "--agent", "default", "--session", "r", "x")
+    assert result.returncode == 2
+    assert "runs the agent profile researcher, not default" in result.stderr
+    no_traceback(result)
+    result = loopd(tmp_path, "run", "--config", config, "--agent", "poet", "x")
+    assert result.returncode == 2 and "no agent profile is named 'poet'" in result.stderr
+    assert [r["model"] for r in server.requests] == ["small", "small"]
+    show = loopd(tmp_path, "sessions", "--config", config, "show", "r")
+    assert show.returncode == 0, show.stderr
+    assert "agent     researcher\n" in show.stdout
+
+
 def test_run_flags_override_the_config_file(chat_server: Server, tmp_path: Path) -> None:
     server = chat_server([reply("overridden")])
     file_home = tmp_path / "configured"
