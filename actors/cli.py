@@ -19,6 +19,7 @@ from actors.render import render_event, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, StoreError
 from actors.text import escape_controls, redact
+from actors.usage import format_usage, total_usage, turn_usage
 from messages import (
     TurnCompleted,
     TurnEvent,
@@ -192,6 +193,15 @@ def show_session(store: StoreBackend, session: str) -> int:
     print(f"untrusted {'yes' if record.untrusted else 'no'}")
     print(f"next call {record.next_call_id}")
     print(f"children  {', '.join(children) if children else '-'}")
+    turns = turn_usage(store, session)
+    own = total_usage(o for o, _ in turns)
+    print(f"usage     {format_usage(own)}")
+    print(f"  with children {format_usage(total_usage(t for _, t in turns))}")
+    for number, (mine, everything) in enumerate(turns, 1):
+        line = f"  turn {number}: {format_usage(mine)}"
+        if everything != mine:
+            line += f"; with children {format_usage(everything)}"
+        print(line)
     print()
     for stored in store.history(session):
         m = stored.message

@@ -526,13 +526,19 @@ class ContextActor(DispatchedActor):
         if isinstance(outcome, TurnCompleted):
             summary = child_summary(outcome.content, self.config.compact.summary_chars)
             reply: SubagentCompleted | SubagentFailed = SubagentCompleted(
-                hold.parent, hold.call_id, msg.session, summary, msg.untrusted
+                hold.parent, hold.call_id, msg.session, summary, msg.untrusted, outcome.usage
             )
             reason = None
         else:
             reason = outcome.reason
             reply = SubagentFailed(
-                hold.parent, hold.call_id, msg.session, reason, msg.untrusted, outcome.detail
+                hold.parent,
+                hold.call_id,
+                msg.session,
+                reason,
+                msg.untrusted,
+                outcome.detail,
+                outcome.usage,
             )
         # The event first, so it reaches the bus before anything the parent does next.
         self._emit(

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import msgspec
+
 from actors.dispatch import (
     Answered,
     ArgumentError,
@@ -46,6 +48,7 @@ from actors.dispatch import (
 from actors.dispatch import dispatch as route_call
 from actors.model import is_json_object
 from actors.text import cap_chars, neutralise
+from actors.usage import add_usage
 from messages import (
     Baseline,
     ChatMessage,
@@ -72,6 +75,7 @@ from messages import (
     TurnFailed,
     TurnOutcome,
     TurnStarted,
+    Usage,
     denial_message,
 )
 
@@ -392,6 +396,12 @@ class _Phase(enum.Enum):
     DONE = enum.auto()
 
 
+def _stored(usage: Usage) -> Usage | None:
+    """What an assistant message stores of its request's usage: nothing when the server said
+    nothing (a scripted model, a server that sends no ``usage``)."""
+    return usage if usage != Usage() else None
+
+
 def subagent_result_text(result: SubagentResult) -> str:
     """The parent's tool text for a child's outcome: ``<child> completed\\n<summary>`` or failed."""
     if isinstance(result, SubagentCompleted):
@@ -426,6 +436,8 @@ class Turn:
     _if_not_compacted: Callable[[str], list[Effect]] | None = None
     _compacted_early: bool = False
     _retried_too_long: bool = False
+    usage: Usage = field(default_factory=Usage)
+    """What the turn has spent so far: its own requests and its children's turns."""
 
     # Inputs.
 
@@ -477,6 +489,7 @@ class Turn:
         if answer.slot is not None:  # its prompt is cached there now: ask for it next time
             self.state.slot = answer.slot
             self.state.slot_cached = True
+        self.usage = add_usage(self.usage, answer.usage)  # a summary request costs tokens too
         if self.phase is _Phase.SUMMARISING:
             if answer.tool_calls or not (answer.content or "").strip():
                 got = "tool calls" if answer.tool_calls else "no text"
@@ -497,6 +510,7 @@ class Turn:
                     tools=names,
                     slot=answer.slot,
                     slot_wait_s=answer.slot_wait_s,
+                    usage=answer.usage,
                 )
             )
         ]
@@ -508,7 +522,7 @@ class Turn:
                     TurnFailed(self.state.id, FailReason.MODEL_ERROR, self._cut_off_detail())
                 )
             done = TurnCompleted(self.state.id, content, truncated=answer.truncated)
-            final = ChatMessage(role="assistant", content=content)
+            final = ChatMessage(role="assistant", content=content, usage=_stored(answer.usage))
             return effects + self._save((final,), lambda: self.finish_turn(done))
         calls = []
         for proposed in answer.tool_calls:
@@ -517,7 +531,12 @@ class Turn:
         self._calls = calls
         self._results = {}
         self._truncated = answer.truncated
-        assistant = ChatMessage(role="assistant", content=answer.content, tool_calls=tuple(calls))
+        assistant = ChatMessage(
+            role="assistant",
+            content=answer.content,
+            tool_calls=tuple(calls),
+            usage=_stored(answer.usage),
+        )
         if self.step >= self.limits.max_steps:
             return effects + self._refuse_at_limit(assistant)
         return effects + self._save((assistant,), self._dispatch)
@@ -554,7 +573,15 @@ class Turn:
         return [Emit(finished), *self._maybe_continue()]
 
     def subagent_result(self, result: SubagentResult) -> list[Effect]:
-        """A child answered the ``subagent`` call ``result.call_id``."""
+        """A child answered the ``subagent`` call ``result.call_id``; what it spent is added to
+        this turn's usage."""
+        pending = result.call_id not in self._results
+        if (
+            self.phase is _Phase.CALLING
+            and pending
+            and any(c.id == result.call_id for c in self._calls)
+        ):
+            self.usage = add_usage(self.usage, result.usage)
         text = subagent_result_text(result)
         return self.tool_result(
             ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted)
@@ -795,6 +822,9 @@ class Turn:
         assert self.outcome is not None
         self.phase = _Phase.DONE
         self._finished = True
+        # Everything the turn spent, a compaction after its outcome included.
+        if self.usage != Usage():  # zero stays the default, which a repr leaves out
+            self.outcome = msgspec.structs.replace(self.outcome, usage=self.usage)
         return [Finish(self.outcome)]
 
     def _turn_ended(self, outcome: TurnOutcome) -> list[Effect]:

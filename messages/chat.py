@@ -29,6 +29,20 @@ SlotPool = Literal["main", "background"]
 """The two slot pools: top-level sessions use ``main``, children ``background``."""
 
 
+class Usage(Message, frozen=True):
+    """Tokens one or more model requests cost, as the server reported them.
+
+    ``cached_tokens`` are the prompt tokens the server reused from its cache (llama.cpp's
+    ``timings.cache_n``); ``requests`` counts the requests summed here. A server that reports no
+    usage counts as zero tokens.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+
+
 class ChatMessage(Message, frozen=True):
     """One message of a transcript, in the shape of the chat-completions API.
 
@@ -41,6 +55,9 @@ class ChatMessage(Message, frozen=True):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: CallId | None = None
     name: str | None = None
+    usage: Usage | None = None
+    """On an assistant message: the tokens of the request that answered it, when the server
+    said (stored with it, never sent back)."""
 
 
 class Baseline(Message, frozen=True):
@@ -97,20 +114,6 @@ class ProposedCall(Message, frozen=True):
 
     name: str
     arguments: str
-
-
-class Usage(Message, frozen=True):
-    """Tokens one or more model requests cost, as the server reported them.
-
-    ``cached_tokens`` are the prompt tokens the server reused from its cache (llama.cpp's
-    ``timings.cache_n``); ``requests`` counts the requests summed here. A server that reports no
-    usage counts as zero tokens.
-    """
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    requests: int = 0
 
 
 class ModelAnswer(Message, frozen=True):

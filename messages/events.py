@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from msgspec import field
 
 from messages.base import Message
+from messages.chat import Usage
 from messages.ids import CallId, SessionId
 from messages.turns import FailReason
 
@@ -67,6 +68,8 @@ class ModelAnswered(_Event, frozen=True):
     tools: tuple[str, ...] = ()
     slot: int | None = None
     slot_wait_s: float = 0.0
+    usage: Usage = Usage()
+    """The tokens of this one request (zero if the server did not say)."""
 
 
 class ToolCallStarted(_Event, frozen=True):

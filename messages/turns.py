@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 from messages.base import Message
+from messages.chat import Usage
 from messages.ids import CallId, SessionId, check_text, check_top_level_session
 
 __all__ = [
@@ -74,20 +75,26 @@ class TurnCompleted(Message, frozen=True, repr_omit_defaults=True):
     """A turn ended with the model's answer ``content``.
 
     ``truncated`` is true when that answer was cut off at ``model.max_tokens`` and
-    ``model.on_length`` is ``"keep"`` (its repr shows it only then).
+    ``model.on_length`` is ``"keep"`` (its repr shows it only then). ``usage`` sums the tokens of
+    every model request of the turn and of every child's turn it waited for, their children's
+    included.
     """
 
     session: SessionId
     content: str
     truncated: bool = False
+    usage: Usage = Usage()
 
 
 class TurnFailed(Message, frozen=True):
-    """A turn ended without an answer; ``detail`` says what happened, for a person."""
+    """A turn ended without an answer; ``detail`` says what happened, for a person. ``usage``
+    is what the turn spent before it ended, summed as :class:`TurnCompleted`'s (zero for a turn
+    the Context refused or answered for a session that could not say)."""
 
     session: SessionId
     reason: FailReason
     detail: str = ""
+    usage: Usage = Usage()
 
 
 TurnOutcome = TurnCompleted | TurnFailed
@@ -117,6 +124,8 @@ class SubagentCompleted(Message, frozen=True):
     child: SessionId
     summary: str
     untrusted: bool
+    usage: Usage = Usage()
+    """What the child's turn spent, its own children's included."""
 
 
 class SubagentFailed(Message, frozen=True):
@@ -128,6 +137,9 @@ class SubagentFailed(Message, frozen=True):
     reason: FailReason
     untrusted: bool
     detail: str = ""
+    usage: Usage = Usage()
+    """What the child's turn spent before it failed (zero when it could not say: it crashed,
+    or outlived its time limit)."""
 
 
 SubagentResult = SubagentCompleted | SubagentFailed

@@ -263,5 +263,5 @@ def test_after_the_turn_a_history_past_the_ratio_is_compacted() -> None:
     assert summary_request.messages[-1].content == COMPACT_INSTRUCTION
     compact = one(turn.model_answer(reply(summary_request, "greetings")), Compact)
     finish = one(turn.persisted(compact.request_id), Finish)
-    assert finish.outcome == TurnCompleted("mm-thread", "hello")
+    assert finish.outcome == TurnCompleted("mm-thread", "hello", usage=usage)
     assert turn.state.transcript == [ChatMessage("user", SUMMARY_PREFIX + "greetings")]

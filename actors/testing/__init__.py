@@ -11,7 +11,15 @@
 from actors.testing.chat_server import ChatServer
 from actors.testing.model import ScriptedModel
 from actors.testing.probe import Probe
-from actors.testing.script import Answer, RawResponse, ScriptBook, call, calls, reply
+from actors.testing.script import (
+    Answer,
+    RawResponse,
+    ScriptBook,
+    call,
+    calls,
+    reply,
+    with_usage,
+)
 
 __all__ = [
     "Answer",
@@ -23,4 +31,5 @@ __all__ = [
     "call",
     "calls",
     "reply",
+    "with_usage",
 ]

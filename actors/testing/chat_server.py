@@ -507,6 +507,14 @@ class ChatServer:
                 }
             ],
         }
+        if answer.usage is not None:
+            used = answer.usage
+            response["usage"] = {
+                "prompt_tokens": used.prompt_tokens,
+                "completion_tokens": used.completion_tokens,
+                "total_tokens": used.prompt_tokens + used.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": used.cached_tokens},
+            }
         return RawResponse(
             status=200,
             body=json.dumps(response).encode(),

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from actors.model import ModelFailure
 from actors.testing.script import Answer, ScriptBook
-from messages import ModelAnswer, ModelRequest
+from messages import ModelAnswer, ModelRequest, Usage
 
 __all__ = ["ScriptedModel"]
 
@@ -67,7 +67,13 @@ class ScriptedModel:
                 self._next += 1
         if callable(self._script):
             answer = self._script(request)
-        return ModelAnswer(request.session, request.request_id, answer.content, answer.tool_calls)
+        return ModelAnswer(
+            request.session,
+            request.request_id,
+            answer.content,
+            answer.tool_calls,
+            usage=answer.usage or Usage(),
+        )
 
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[ModelRequest]:
         """Block until ``n`` requests have arrived; AssertionError naming the count otherwise."""

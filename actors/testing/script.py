@@ -9,19 +9,21 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from messages import ProposedCall
+from messages import ProposedCall, Usage
 
-__all__ = ["Answer", "RawResponse", "ScriptBook", "call", "calls", "reply"]
+__all__ = ["Answer", "RawResponse", "ScriptBook", "call", "calls", "reply", "with_usage"]
 
 _Step = TypeVar("_Step")
 _Request = TypeVar("_Request")
 
 
 class Answer(msgspec.Struct, frozen=True):
-    """One model answer: text, tool calls, or both."""
+    """One model answer: text, tool calls, or both; ``usage``, the tokens the server reports
+    for it (None: the server says nothing, as a scripted answer by default)."""
 
     content: str | None = None
     tool_calls: tuple[ProposedCall, ...] = ()
+    usage: Usage | None = None
 
 
 class RawResponse(msgspec.Struct, frozen=True):
@@ -30,6 +32,16 @@ class RawResponse(msgspec.Struct, frozen=True):
     status: int = 200
     body: bytes = b""
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+def with_usage(answer: Answer, prompt: int, completion: int, cached: int = 0) -> Answer:
+    """``answer`` reporting ``prompt`` + ``completion`` tokens (``cached`` of the prompt's from
+    the server's cache), as a server's ``usage`` says them: ``with_usage(reply("hi"), 120, 8)``.
+    """
+    usage = Usage(
+        prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, requests=1
+    )
+    return msgspec.structs.replace(answer, usage=usage)
 
 
 def reply(text: str) -> Answer:
