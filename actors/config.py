@@ -369,6 +369,9 @@ class LoopConfig(_Section, frozen=True):
     """Children the whole runtime may have running at once; more calls are denied."""
     child_timeout_s: Annotated[float, Meta(gt=0)] | None = None
     """Seconds a child's turn may take before its parent is answered failed (none: no limit)."""
+    token_budget: Annotated[int, Meta(ge=1)] | None = None
+    """Prompt plus completion tokens one top-level turn may spend, its children's included;
+    once spent, no further model request of that family is sent (none: no limit)."""
 
 
 DEFAULT_AGENT = "default"

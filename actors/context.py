@@ -14,8 +14,9 @@ from typing import Any
 import pykka
 
 from actors.agents import Agents
+from actors.budget import Budgets
 from actors.config import DEFAULT_AGENT, Config
-from actors.directory import CONTEXT, EVENTS, STORE, Directory, session_address
+from actors.directory import CONTEXT, EVENTS, MODEL, STORE, Directory, session_address
 from actors.dispatch import ArgumentError, Registry, child_id, descends_from
 from actors.dispatcher import DispatchedActor, TimerHandle
 from actors.memory import MemorySource
@@ -25,6 +26,7 @@ from actors.spawn import build_baseline, child_summary, child_text
 from messages import (
     Baseline,
     Cancel,
+    CancelModelRequest,
     CancelTurn,
     ChatMessage,
     ChildTimedOut,
@@ -35,6 +37,8 @@ from messages import (
     Inspect,
     JobSkipped,
     MemoryWarning,
+    ModelError,
+    ModelRequest,
     OpenSession,
     ReleaseSession,
     Remember,
@@ -53,6 +57,7 @@ from messages import (
     SubagentRequest,
     SubagentStarted,
     Tick,
+    TokensSpent,
     ToolDone,
     ToolResult,
     TurnCompleted,
@@ -176,6 +181,8 @@ class ContextActor(DispatchedActor):
         self.session_env = session_env
         self.clock = clock
         self.holds = HoldTable()
+        budget = config.loop.token_budget
+        self.budgets = Budgets(budget) if budget is not None else None
         self.live: dict[str, Live] = {}
         sessions = config.sessions
         self.idle = IdleSessions(sessions.idle_s, sessions.max_live)
@@ -263,6 +270,13 @@ class ContextActor(DispatchedActor):
             self._timed_out(message)
         elif isinstance(message, Tick):
             self._sweep(message)
+        elif isinstance(message, ModelRequest):
+            self._model_request(message)
+        elif isinstance(message, CancelModelRequest):
+            self.directory.tell(MODEL, message)  # after the request it cancels
+        elif isinstance(message, TokensSpent):
+            if self.budgets is not None:
+                self.budgets.spend(message.session, message.usage)
         elif isinstance(message, Inspect):
             return ContextStatus(held=self.holds.held(), live=tuple(sorted(self.live)))
         else:
@@ -284,7 +298,19 @@ class ContextActor(DispatchedActor):
             self.directory.tell(msg.reply_to, TurnFailed(msg.session, FailReason.BUSY, detail))
             return
         self.idle.busy(msg.session)  # held: never passivated while its turn runs
+        if self.budgets is not None:
+            self.budgets.open(msg.session)
         self._open(hold, self.config.slots.home_slot("main"))
+
+    def _model_request(self, msg: ModelRequest) -> None:
+        """With ``loop.token_budget``, every model request passes here: it goes on to the model
+        unless its family has spent the budget, when it is refused (``over_budget``)."""
+        refusal = self.budgets.refusal(msg.session) if self.budgets is not None else None
+        if refusal is None:
+            self.directory.tell(MODEL, msg)
+            return
+        refused = ModelError(msg.session, msg.request_id, refusal, over_budget=True)
+        self.directory.tell(msg.reply_to, refused)
 
     def _scheduled(self, msg: ScheduledTurn) -> None:
         # A job never piles onto a session that is busy, or waiting for its children.
@@ -494,7 +520,10 @@ class ContextActor(DispatchedActor):
         timer = self.timers.pop(session, None)
         if timer is not None:
             timer.cancel()
-        return self.holds.release(session)
+        hold = self.holds.release(session)
+        if hold is not None and not hold.is_child and self.budgets is not None:
+            self.budgets.close(session)
+        return hold
 
     # Ends (SPEC 5, steps 6 and 7).
 

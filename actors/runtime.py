@@ -262,7 +262,14 @@ class Runtime:
         )
         dispatcher = Dispatcher(config.runtime.threads, name="loopd")
         env = SessionEnv(
-            directory, registry, limits, clock, itertools.count(1), dispatcher, agents=agents
+            directory,
+            registry,
+            limits,
+            clock,
+            itertools.count(1),
+            dispatcher,
+            agents=agents,
+            budgeted=config.loop.token_budget is not None,
         )
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.model.secrets()

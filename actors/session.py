@@ -55,6 +55,7 @@ from messages import (
     SubagentCompleted,
     SubagentFailed,
     SubagentRequest,
+    TokensSpent,
     ToolDone,
 )
 
@@ -77,6 +78,9 @@ class SessionEnv:
     agents: Agents | None = None
     """The runtime's agent profiles; None: only ``default``, with ``registry`` and no request
     fields."""
+    budgeted: bool = False
+    """``loop.token_budget`` is set: model requests go through the Context, which counts each
+    family's spend and refuses a request once the budget is spent."""
 
     def agent(self, name: str) -> Agent:
         """Profile ``name`` as this runtime has it; ``KeyError`` if there is none."""
@@ -149,6 +153,10 @@ class SessionActor(DispatchedActor):
             return self.record()
         if isinstance(message, RunTurn):
             return self._start(message)
+        if isinstance(message, ModelAnswer) and self.env.budgeted:
+            # Told before anything the answer leads to, so the Context counts it before this
+            # session's next request; an answer its turn no longer wants was spent all the same.
+            self.env.directory.tell(CONTEXT, TokensSpent(self.state.id, message.usage))
         turn = self.turn
         if turn is None:
             log.debug("%s: no turn for %s", self.state.id, type(message).__name__)
@@ -209,7 +217,7 @@ class SessionActor(DispatchedActor):
                 )
             elif isinstance(effect, RequestModel):
                 tell(
-                    MODEL,
+                    CONTEXT if self.env.budgeted else MODEL,
                     ModelRequest(
                         s.id,
                         effect.request_id,
@@ -224,7 +232,10 @@ class SessionActor(DispatchedActor):
                     ),
                 )
             elif isinstance(effect, CancelModel):
-                tell(MODEL, CancelModelRequest(s.id, effect.request_id))
+                # Through the Context when the requests go that way, so a cancel never passes
+                # the request it cancels.
+                to = CONTEXT if self.env.budgeted else MODEL
+                tell(to, CancelModelRequest(s.id, effect.request_id))
             elif isinstance(effect, CancelPort):
                 tell(PORT, CancelPortCall(s.id, effect.call_id))
             elif isinstance(effect, CallPort):

@@ -549,6 +549,8 @@ class Turn:
         self._waiting_for = None
         if self.phase is _Phase.SUMMARISING:
             return self._compaction_failed(f"the model could not summarise: {error.detail}")
+        if error.over_budget:
+            return self.finish_turn(TurnFailed(self.state.id, FailReason.BUDGET, error.detail))
         failed = TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail)
         if error.context_exceeded and not self._retried_too_long and self._turn_start > 0:
             self._retried_too_long = True

@@ -65,6 +65,7 @@ from messages.runtime import (
     SessionTurnEnded,
     StoreFailed,
     Tick,
+    TokensSpent,
     ToolDone,
 )
 from messages.tools import (
@@ -141,6 +142,7 @@ __all__ = [
     "SubagentResult",
     "SubagentStarted",
     "Tick",
+    "TokensSpent",
     "ToolCall",
     "ToolCallFinished",
     "ToolCallStarted",

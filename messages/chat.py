@@ -149,6 +149,8 @@ class ModelError(Message, frozen=True):
     detail: str
     context_exceeded: bool = False
     context_tokens: int | None = None
+    over_budget: bool = False
+    """The request was never sent: its turn's family reached ``loop.token_budget``."""
 
 
 ModelReply = ModelAnswer | ModelError

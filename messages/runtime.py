@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from messages.base import Message
-from messages.chat import Baseline, ChatMessage, SlotPool
+from messages.chat import Baseline, ChatMessage, SlotPool, Usage
 from messages.ids import CallId, SessionId, check_text, check_top_level_session
 from messages.tools import ToolResult
 from messages.turns import FailReason, TurnOutcome
@@ -35,6 +35,7 @@ __all__ = [
     "SessionTurnEnded",
     "StoreFailed",
     "Tick",
+    "TokensSpent",
     "ToolDone",
 ]
 
@@ -149,6 +150,14 @@ class CompactHistory(Message, frozen=True):
     request_id: int
     summary: ChatMessage
     reply_to: str
+
+
+class TokensSpent(Message, frozen=True):
+    """A session tells the Context what one model answer cost, so the family's spend against
+    ``loop.token_budget`` is counted by one owner."""
+
+    session: SessionId
+    usage: Usage
 
 
 class Appended(Message, frozen=True):

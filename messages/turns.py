@@ -40,6 +40,9 @@ class FailReason(enum.StrEnum):
     """A new session's baseline could not be built (for example, the memory source failed)."""
     TIMEOUT = "timeout"
     """A child outlived ``loop.child_timeout_s``; it is cancelled."""
+    BUDGET = "budget"
+    """The top-level turn and its children spent ``loop.token_budget`` tokens; no further model
+    request of that family is sent."""
     WRONG_AGENT = "wrong_agent"
     """The turn named an agent profile that is not the stored session's, or the session's
     profile is no longer configured; nothing was stored."""
