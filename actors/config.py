@@ -397,6 +397,11 @@ class AgentConfig(_Section, frozen=True):
     """A file holding the system prompt, relative to ``home``; read when a baseline is built."""
     model: str | None = None
     """The ``model`` field of this agent's requests (default ``model.name``)."""
+    base_url: str | None = None
+    """Another endpoint for this agent's requests (default ``model.base_url``)."""
+    api_key_env: str | None = None
+    """The environment variable of this endpoint's bearer token (default ``model.api_key_env``
+    when ``base_url`` is unset too, else none)."""
     backend: str | None = None
     """What this agent's server speaks (default ``model.backend``); see :class:`ModelConfig`."""
     tools: tuple[str, ...] | None = None
@@ -429,6 +434,13 @@ class AgentConfig(_Section, frozen=True):
             _check_path_text(self.system_file, f"{key}.system_file")
         if self.backend is not None:
             check_backend(self.backend, f"{key}.backend")
+        if self.base_url is not None:
+            check_base_url(self.base_url, f"{key}.base_url")
+        if self.api_key_env is not None and not _ENV_NAME.fullmatch(self.api_key_env):
+            raise ConfigError(
+                f"{key}.api_key_env {self.api_key_env!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
         if "\n" in self.description or "\r" in self.description:
             raise ConfigError(f"{key}.description must be one line")
         reserved = sorted(RESERVED_BODY_KEYS & self.extra_body.keys())
@@ -644,6 +656,26 @@ class Config(_Section, frozen=True):
         if name == DEFAULT_AGENT:
             return AgentConfig()
         raise KeyError(name)
+
+    def endpoint(self, name: str) -> ModelConfig:
+        """The ``[model]`` table profile ``name``'s requests go out with: its own ``base_url``
+        and ``api_key_env`` when it sets either (a profile that sets only ``base_url`` sends no
+        key: ``model.api_key_env``'s key is not sent to another server)."""
+        profile = self.agent(name)
+        if profile.base_url is None and profile.api_key_env is None:
+            return self.model
+        return msgspec.structs.replace(
+            self.model,
+            base_url=profile.base_url or self.model.base_url,
+            api_key_env=profile.api_key_env,
+        )
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret of every endpoint (see :meth:`ModelConfig.secrets`)."""
+        found = list(self.model.secrets())
+        for name in self.agents:
+            found += [s for s in self.endpoint(name).secrets() if s not in found]
+        return tuple(found)
 
     def agent_names(self) -> tuple[str, ...]:
         """Every profile a session may run: ``default`` first, then the configured ones."""

@@ -308,8 +308,8 @@ class ModelService:
                 self._release(slot, key, cut=False)
 
     async def _take_slot(self, key: _Key, request: ModelRequest) -> int | None:
-        if self.slots is None:
-            return None
+        if self.slots is None or request.options.backend == "openai":
+            return None  # an OpenAI-style server has no slots: its requests run as they come
         preferred = request.slot if request.prefer_slot else None
         slot = self.slots.request(key, request.pool, preferred)
         if slot is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from actors.agents import Agents
+from actors.agents import AgentEndpoints, Agents
 from actors.backend import open_store, shared_memory, shared_schedule
 from actors.config import Config, ConfigError, check_wait
 from actors.context import ContextActor
@@ -234,9 +234,13 @@ class Runtime:
         # Every child of one answer must be able to wait for the model at once.
         concurrency = max(config.model.concurrency, config.loop.max_children)
         model_config = msgspec.structs.replace(config.model, concurrency=concurrency)
-        chat_model: ChatModel | AsyncChatModel = (
-            model if model is not None else HttpChatModel(model_config)
-        )
+        chat_model: ChatModel | AsyncChatModel
+        if model is not None:
+            chat_model = model
+        elif any(config.endpoint(name) is not config.model for name in config.agents):
+            chat_model = AgentEndpoints(config, model_config)  # profiles on other servers
+        else:
+            chat_model = HttpChatModel(model_config)
         shared = shared_memory(config) if memory is None else None
         if memory is None:
             memory = shared or default_memory(
@@ -272,7 +276,7 @@ class Runtime:
             budgeted=config.loop.token_budget is not None,
         )
         refs: dict[str, pykka.ActorRef[Any]] = {}
-        secrets = config.model.secrets()
+        secrets = config.secrets()
         service = ModelService(
             chat_model,
             directory,

@@ -4,6 +4,7 @@ turns over the real HTTP wire, where each profile's model plays its own script."
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from messages import (
     ChatMessage,
     DenyReason,
     FailReason,
+    ModelAnswer,
     ModelRequest,
     RequestOptions,
     ToolSpec,
@@ -406,3 +408,77 @@ def test_backends_over_http_per_model_and_per_profile(
     for hosted in (first, second):  # a hosted API answers 400 to fields it does not know
         assert "id_slot" not in hosted and "cache_prompt" not in hosted
     assert (child["id_slot"], child["cache_prompt"]) == (1, True)
+
+
+# --- per-profile endpoints, and no slots for openai -------------------------------------------
+
+
+def test_a_profile_on_another_endpoint_with_its_own_key(
+    chat_server, loopd_runtime, loopd_config, monkeypatch
+) -> None:
+    monkeypatch.setenv("RESEARCH_KEY", "sk-research-1")
+    monkeypatch.setenv("MAIN_KEY", "sk-main-1")
+
+    def planner(body: dict[str, Any]):
+        if body["messages"][-1]["role"] == "user":
+            return call("subagent", task="t", agent="researcher")
+        return reply(last_tool_text(body))
+
+    main = chat_server({"big": planner})
+    hosted = chat_server({"small": [reply("from the other server")]})
+    model = ModelConfig(
+        base_url=main.base_url, name="big", timeout_s=10, retries=0, api_key_env="MAIN_KEY"
+    )
+    researcher = AgentConfig(
+        model="small", base_url=hosted.base_url, api_key_env="RESEARCH_KEY", backend="openai"
+    )
+    config = loopd_config.replace(model=model, agents={"researcher": researcher})
+    rt = loopd_runtime(config=config)
+    outcome = rt.run_turn("mm", "go", timeout=WAIT)
+    assert outcome == TurnCompleted("mm", "sub-mm-1 completed\nfrom the other server")
+    assert [b["model"] for b in main.requests] == ["big", "big"]
+    (child,) = hosted.requests
+    assert "id_slot" not in child
+    assert hosted.request_headers[0]["authorization"] == "Bearer sk-research-1"
+    assert {h["authorization"] for h in main.request_headers} == {"Bearer sk-main-1"}
+    assert set(config.secrets()) >= {"sk-main-1", "sk-research-1"}
+
+
+def test_a_profile_with_only_a_base_url_sends_no_key(monkeypatch, loopd_config) -> None:
+    monkeypatch.setenv("MAIN_KEY", "sk-main-1")
+    model = ModelConfig(api_key_env="MAIN_KEY")
+    config = loopd_config.replace(
+        model=model, agents={"r": AgentConfig(base_url="http://10.0.0.9:8000/v1")}
+    )
+    assert config.endpoint("r").api_key() is None  # the main key never goes to another server
+    assert config.endpoint("default") is config.model
+
+
+def test_the_openai_backend_takes_no_slot(probe) -> None:
+    # Two requests on a pool of one slot: llama.cpp's wait for each other, openai's do not.
+    from actors.directory import Directory
+    from actors.model_service import ModelService
+
+    both = threading.Barrier(2, timeout=WAIT)
+
+    def script(request: ModelRequest) -> Any:
+        both.wait()  # only returns once both requests run at once
+        return reply("together")
+
+    model = ScriptedModel(script, uses_slots=True)
+    directory = Directory()
+    service = ModelService(model, directory, concurrency=4, pools={"main": (0,)}).start()
+    try:
+        answers = probe(directory, "reply")
+        messages = (ChatMessage(role="system", content="s"), ChatMessage(role="user", content="u"))
+        openai = RequestOptions(backend="openai")
+        for n in (1, 2):
+            request = ModelRequest("s", n, 0, messages, (), answers.address, options=openai)
+            service.tell(request)
+        first, second = (
+            answers.expect(ModelAnswer, timeout=WAIT),
+            answers.expect(ModelAnswer, timeout=WAIT),
+        )
+        assert (first.slot, second.slot) == (None, None)
+    finally:
+        service.stop()
