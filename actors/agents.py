@@ -7,6 +7,7 @@ talks to an actor; only :meth:`Agents.system_prompt` reads a file (``system_file
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +36,15 @@ MAX_SYSTEM_FILE_BYTES = 1 << 20
 """The largest ``system_file`` read (1 MiB)."""
 
 
-def request_options(profile: AgentConfig, backend: str = "llama.cpp") -> RequestOptions:
-    """The request fields ``profile`` sets; its ``backend``, else ``backend``
-    (``model.backend``)."""
+def request_options(
+    profile: AgentConfig, backend: str = "llama.cpp", stream: bool = False
+) -> RequestOptions:
+    """The request fields ``profile`` sets; its ``backend`` and ``stream``, else ``backend``
+    and ``stream`` (``model.backend``, ``model.stream``)."""
     return RequestOptions(
         model=profile.model,
         backend=profile.backend or backend,
+        stream=stream if profile.stream is None else profile.stream,
         temperature=profile.temperature,
         top_p=profile.top_p,
         max_tokens=profile.max_tokens,
@@ -85,7 +89,7 @@ class Agents:
                 view = registry.for_agent(profile.tools, catalogue)
             except ValueError as exc:
                 raise ConfigError(f"agents.{name}.tools: {exc}") from None
-            options = request_options(profile, config.model.backend)
+            options = request_options(profile, config.model.backend, config.model.stream)
             self._agents[name] = Agent(name, profile, view, options)
 
     def __contains__(self, name: object) -> bool:
@@ -154,13 +158,20 @@ class AgentEndpoints:
         """The client of profile ``agent`` (``default``'s for a name it does not know)."""
         return self._by_agent.get(agent) or self._by_agent[DEFAULT_AGENT]
 
-    async def acomplete(self, request: ModelRequest) -> ModelAnswer:
-        """:meth:`HttpChatModel.acomplete` on the request's agent's endpoint."""
-        return await self.client(request.agent).acomplete(request)
+    streams = True
+    """:meth:`acomplete` and :meth:`complete` take ``on_text``, as the HTTP client's."""
 
-    def complete(self, request: ModelRequest) -> ModelAnswer:
+    async def acomplete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
+        """:meth:`HttpChatModel.acomplete` on the request's agent's endpoint."""
+        return await self.client(request.agent).acomplete(request, on_text)
+
+    def complete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
         """:meth:`HttpChatModel.complete` on the request's agent's endpoint."""
-        return self.client(request.agent).complete(request)
+        return self.client(request.agent).complete(request, on_text)
 
     async def aclose(self) -> None:
         """Close every endpoint's connections of the running loop."""

@@ -15,14 +15,13 @@ from actors.backend import StoreBackend, open_store
 from actors.config import Config, ConfigError, check_wait
 from actors.lock import HomeInUse
 from actors.reader import StoreReader
-from actors.render import render_event, table
+from actors.render import EventPrinter, table
 from actors.runtime import Runtime
 from actors.store import DB_NAME, StoreError
 from actors.text import escape_controls, redact
 from actors.usage import format_usage, total_usage, turn_usage
 from messages import (
     TurnCompleted,
-    TurnEvent,
     check_session_id,
     check_text,
     check_top_level_session,
@@ -66,10 +65,6 @@ def _seconds(text: str) -> float:
     return seconds
 
 
-def _print_event(event: TurnEvent, stream: Any) -> None:
-    print(render_event(event), file=stream, flush=True)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the scripted three-level demo with the live event tree on stdout."""
     import tempfile
@@ -79,10 +74,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="loopd-demo-") as scratch:
         config = Config(home=args.home if args.home is not None else scratch)
+        # Streamed, so the answers show as they are written.
+        config = config.replace(model=msgspec.structs.replace(config.model, stream=True))
         print(f"loopd demo: a scripted model, offline; home {config.home}\n")
         print(f"you → {DEMO_SESSION}: {DEMO_TEXT}\n")
         with Runtime.start(config, model=ScriptedModel(demo_script)) as rt:
-            rt.subscribe(lambda event: _print_event(event, sys.stdout))
+            rt.subscribe(EventPrinter(sys.stdout))
             outcome = rt.run_turn(DEMO_SESSION, DEMO_TEXT, timeout=60)
         print()
         if isinstance(outcome, TurnCompleted):
@@ -115,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _exit_on_sigterm()
     with Runtime.start(config) as rt:
         if not args.quiet:
-            rt.subscribe(lambda event: _print_event(event, sys.stderr))
+            rt.subscribe(EventPrinter(sys.stderr))
         outcome = rt.run_turn(args.session, args.text, timeout=args.timeout, agent=args.agent)
     if isinstance(outcome, TurnCompleted):
         print(escape_controls(outcome.content))

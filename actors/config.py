@@ -230,6 +230,8 @@ class ModelConfig(_Section, frozen=True):
     backend: str = "llama.cpp"
     """What the server speaks: ``llama.cpp`` (``id_slot`` and ``cache_prompt`` are sent) or
     ``openai`` (the plain chat-completions request, nothing else)."""
+    stream: bool = False
+    """Ask for server-sent events: the answer's text is shown as it is written."""
     max_tokens: Annotated[int, Meta(ge=1)] = 2048
     """The longest answer, in tokens, sent as ``max_tokens`` with every request."""
     on_length: str = "fail"
@@ -404,6 +406,8 @@ class AgentConfig(_Section, frozen=True):
     when ``base_url`` is unset too, else none)."""
     backend: str | None = None
     """What this agent's server speaks (default ``model.backend``); see :class:`ModelConfig`."""
+    stream: bool | None = None
+    """Stream this agent's answers (default ``model.stream``)."""
     tools: tuple[str, ...] | None = None
     """The tools this agent may see and call, built-in and port alike (default: all)."""
     temperature: Annotated[float, Meta(ge=0)] | None = None

@@ -17,7 +17,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
@@ -234,6 +234,9 @@ def request_body(
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     _add_options(body, request.options)
+    if request.options.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     if request.options.backend != "openai":
         body["id_slot"] = request.slot
         body["cache_prompt"] = True
@@ -500,6 +503,53 @@ class _TooLarge(Exception):
     pass
 
 
+class _Broken(Exception):
+    """A streamed answer ended before it was whole."""
+
+
+async def _read_stream(
+    response: httpx.Response,
+    request: ModelRequest,
+    cap: int,
+    on_text: Callable[[str], None] | None,
+) -> ModelAnswer:
+    """The answer of a server-sent event stream, each text piece given to ``on_text`` as it
+    comes; :class:`_TooLarge` past ``cap`` bytes, :class:`_Broken` if it ends too soon."""
+    from actors.stream import StreamAssembler, StreamBroken  # it builds on this module
+
+    assembler = StreamAssembler()
+
+    def feed(line: str) -> None:
+        text = assembler.feed(line)
+        if text and on_text is not None:
+            on_text(text)
+
+    size = 0
+    pending: str | None = None  # a line is whole only once the next one begins
+    async for line in response.aiter_lines():
+        size += len(line) + 1
+        if size > cap:
+            raise _TooLarge
+        if pending is not None:
+            feed(pending)
+            if assembler.done:
+                break
+        pending = line
+    else:
+        if pending:
+            try:  # the last line, maybe cut off in its middle
+                feed(pending)
+            except ModelFailure:
+                if not assembler.ended:
+                    raise _Broken(
+                        f"the model's streamed answer broke off in a line ({response.url})"
+                    ) from None
+    try:
+        return assembler.answer(request.session, request.request_id)
+    except StreamBroken as exc:
+        raise _Broken(f"{exc} (the model at {response.url})") from None
+
+
 async def _read_capped(response: httpx.Response, cap: int) -> bytes:
     """The body of ``response``, or :class:`_TooLarge` as soon as it passes ``cap`` bytes."""
     declared = response.headers.get("content-length", "")
@@ -569,8 +619,17 @@ class HttpChatModel:
 
     # Async.
 
-    async def acomplete(self, request: ModelRequest) -> ModelAnswer:
+    streams = True
+    """:meth:`acomplete` and :meth:`complete` take ``on_text`` for a streamed request."""
+
+    async def acomplete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
         """POST ``request`` and parse the answer; raise :class:`ModelFailure` naming the cause.
+
+        A request with ``options.stream`` asks for server-sent events and builds the answer from
+        them, calling ``on_text`` with each piece of its text as it arrives; a stream that
+        breaks off is a failure a retry can help (a retried answer's text is given again).
 
         After the last attempt the message names the last failure's cause and, if there was more
         than one attempt, how many were made. Cancelling the task stops the request at once,
@@ -584,7 +643,7 @@ class HttpChatModel:
         while True:
             client = self._client()
             try:
-                return await self._attempt(client, request, content)
+                return await self._attempt(client, request, content, on_text)
             except asyncio.CancelledError:
                 if self._closed:
                     raise ModelFailure("the model client was closed during the request") from None
@@ -615,7 +674,11 @@ class HttpChatModel:
             attempt += 1
 
     async def _attempt(
-        self, client: httpx.AsyncClient, request: ModelRequest, content: bytes
+        self,
+        client: httpx.AsyncClient,
+        request: ModelRequest,
+        content: bytes,
+        on_text: Callable[[str], None] | None = None,
     ) -> ModelAnswer:
         cap = self._config.max_answer_bytes
         try:
@@ -623,11 +686,15 @@ class HttpChatModel:
                 asyncio.timeout(self._config.timeout_s),
                 client.stream("POST", self._url, content=content) as response,
             ):
+                if request.options.stream and response.is_success:
+                    return await _read_stream(response, request, cap, on_text)
                 body = await _read_capped(response, cap)
         except TimeoutError as exc:
             raise _Failed(self._timed_out(), retry=True, cut=True, error=exc) from None
         except _TooLarge:
             raise _Failed(answer_too_large(cap), retry=False, cut=True) from None
+        except _Broken as broken:
+            raise _Failed(str(broken), retry=True, cut=True) from None
         except httpx.HTTPError as exc:
             cut = not isinstance(exc, httpx.ConnectError)
             cause = self._transport_cause(exc)
@@ -692,17 +759,21 @@ class HttpChatModel:
 
     # Sync.
 
-    def complete(self, request: ModelRequest) -> ModelAnswer:
+    def complete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
         """:meth:`acomplete` for a caller in a thread without a running loop (blocks).
 
         :meth:`close` from another thread ends it at once with a :class:`ModelFailure`.
         """
         try:
-            return asyncio.run(self._complete_here(request))
+            return asyncio.run(self._complete_here(request, on_text))
         except asyncio.CancelledError:
             raise ModelFailure("the model client is closed") from None
 
-    async def _complete_here(self, request: ModelRequest) -> ModelAnswer:
+    async def _complete_here(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None
+    ) -> ModelAnswer:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
@@ -711,7 +782,7 @@ class HttpChatModel:
                 raise ModelFailure("the model client is closed")
             self._calls.add((loop, task))
         try:
-            return await self.acomplete(request)
+            return await self.acomplete(request, on_text)
         finally:
             with self._lock:
                 self._calls.discard((loop, task))

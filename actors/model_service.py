@@ -35,10 +35,17 @@ from typing import Any
 
 import msgspec
 
-from actors.directory import Directory
+from actors.directory import EVENTS, Directory
 from actors.model import AsyncChatModel, ChatModel, ModelFailure
 from actors.slots import Grant, SlotTable
-from messages import CancelModelRequest, ModelAnswer, ModelError, ModelReply, ModelRequest
+from messages import (
+    CancelModelRequest,
+    ModelAnswer,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    TextDelta,
+)
 
 __all__ = ["DaemonExecutor", "ModelService", "model_error"]
 
@@ -169,9 +176,11 @@ class ModelService:
         uses_slots = getattr(model, "uses_slots", True)
         self.slots = SlotTable(pools) if pools is not None and uses_slots else None
         acomplete = getattr(model, "acomplete", None)
-        self._acomplete: Callable[[ModelRequest], Awaitable[ModelAnswer]] | None = (
+        self._acomplete: Callable[..., Awaitable[ModelAnswer]] | None = (
             acomplete if inspect.iscoroutinefunction(acomplete) else None
         )
+        # A model that streams takes a callback for each piece of text (model.stream).
+        self._streams = bool(getattr(model, "streams", False))
         self._executor = None if self._acomplete else DaemonExecutor(concurrency)
         self._name = name
         self._lock = threading.Lock()
@@ -333,7 +342,7 @@ class ModelService:
             return await self._run_sync(request, slot, key)
         cut = True
         try:
-            answer = await self._acomplete(request)
+            answer = await self._acomplete(request, *self._text_sink(request))
             cut = False
             return answer
         except ModelFailure as exc:
@@ -350,7 +359,7 @@ class ModelService:
         assert self._executor is not None
         loop = asyncio.get_running_loop()
         model: Any = self.model
-        future = self._executor.submit(model.complete, request)
+        future = self._executor.submit(model.complete, request, *self._text_sink(request))
         if slot is not None:
             # A thread cannot be interrupted: the slot is busy until the call really returns.
             def done(_f: concurrent.futures.Future[Any]) -> None:
@@ -366,6 +375,18 @@ class ModelService:
         except Exception as exc:
             log.error("model client failed: %s", self.scrub(traceback.format_exc()))
             return model_error(request, exc, self.scrub)
+
+    def _text_sink(self, request: ModelRequest) -> tuple[Callable[[str], None], ...]:
+        """The ``on_text`` argument of a streamed request (none for another): each piece of
+        text becomes a ``TextDelta`` event of the request's session."""
+        if not (request.options.stream and self._streams):
+            return ()
+        directory, session = self.directory, request.session
+
+        def on_text(text: str) -> None:
+            directory.tell(EVENTS, TextDelta(session=session, text=text))
+
+        return (on_text,)
 
     def _failed(self, request: ModelRequest, exc: ModelFailure) -> ModelError:
         """The ModelError of a failure, with its scrubbed text and its context flags."""

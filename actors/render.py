@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TextIO
+
+import msgspec
+
 from actors.dispatch import depth_of
 from actors.text import escape_controls
 from messages import (
@@ -13,6 +17,7 @@ from messages import (
     ModelRequestSent,
     SubagentFinished,
     SubagentStarted,
+    TextDelta,
     ToolCallFinished,
     ToolCallStarted,
     TurnEnded,
@@ -20,7 +25,7 @@ from messages import (
     TurnStarted,
 )
 
-__all__ = ["render_event", "table"]
+__all__ = ["EventPrinter", "render_event", "table"]
 
 _PREVIEW = 72
 
@@ -77,6 +82,8 @@ def _describe(event: TurnEvent) -> str:
             return f"compaction failed: {detail}"
         case MemoryWarning(detail=detail):
             return f"memory: {detail}"
+        case TextDelta(text=text):
+            return f"✎ {text}"
     return type(event).__name__
 
 
@@ -90,3 +97,32 @@ def render_event(event: TurnEvent) -> str:
     indent = "│ " * depth_of(event.session)
     what = escape_controls(_describe(event), one_line=True)
     return f"{event.at:%H:%M:%S} {indent}{event.session}  {what}"
+
+
+class EventPrinter:
+    """Prints each event as :func:`render_event` renders it, one line each, on ``stream``;
+    the ``TextDelta`` pieces of a streamed answer go on one line as they come (``✎ ...``), so
+    the answer shows as it is written. Call it from one thread (the event bus's)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._writing: str | None = None  # the session whose text the open line shows
+
+    def __call__(self, event: TurnEvent) -> None:
+        """Print ``event``."""
+        out = self._stream
+        if isinstance(event, TextDelta):
+            if self._writing != event.session:
+                self._end_line()
+                out.write(render_event(msgspec.structs.replace(event, text="")))
+                self._writing = event.session
+            out.write(escape_controls(event.text, one_line=True))
+        else:
+            self._end_line()
+            out.write(render_event(event) + "\n")
+        out.flush()
+
+    def _end_line(self) -> None:
+        if self._writing is not None:
+            self._stream.write("\n")
+            self._writing = None

@@ -21,7 +21,7 @@ import messages
 from actors.backend import open_store
 from actors.config import Config, check_wait
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
-from actors.render import render_event, table
+from actors.render import EventPrinter, table
 from actors.runtime import Runtime
 from actors.text import escape_controls, redact
 from messages import (
@@ -82,8 +82,25 @@ def _print(text: str) -> None:
     print(text, file=sys.stdout, flush=True)
 
 
+class _StdoutPrinter:
+    """An :class:`EventPrinter` of the current ``sys.stdout`` (the console may replace it)."""
+
+    def __init__(self) -> None:
+        self._printer: EventPrinter | None = None
+        self._stream: object = None
+
+    def __call__(self, event: TurnEvent) -> None:
+        if self._printer is None or self._stream is not sys.stdout:
+            self._stream = sys.stdout
+            self._printer = EventPrinter(sys.stdout)
+        self._printer(event)
+
+
+_PRINTER = _StdoutPrinter()
+
+
 def _print_event(event: TurnEvent) -> None:
-    _print(render_event(event))
+    _PRINTER(event)
 
 
 class _SendReply:

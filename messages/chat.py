@@ -81,6 +81,8 @@ class RequestOptions(Message, frozen=True):
     backend: str | None = None
     """``openai``: leave llama.cpp's ``id_slot`` and ``cache_prompt`` out; anything else
     (``llama.cpp``, None) sends them."""
+    stream: bool = False
+    """Ask for server-sent events and show the text as it comes (``TextDelta`` events)."""
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None

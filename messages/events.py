@@ -20,6 +20,7 @@ __all__ = [
     "ModelRequestSent",
     "SubagentFinished",
     "SubagentStarted",
+    "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
     "TurnEnded",
@@ -70,6 +71,14 @@ class ModelAnswered(_Event, frozen=True):
     slot_wait_s: float = 0.0
     usage: Usage = Usage()
     """The tokens of this one request (zero if the server did not say)."""
+
+
+class TextDelta(_Event, frozen=True):
+    """A piece of ``session``'s answer ``text``, as a streamed answer is written
+    (``model.stream``); the pieces of one answer, in order, make its text."""
+
+    session: SessionId
+    text: str
 
 
 class ToolCallStarted(_Event, frozen=True):
@@ -161,6 +170,7 @@ TurnEvent = (
     TurnStarted
     | ModelRequestSent
     | ModelAnswered
+    | TextDelta
     | ToolCallStarted
     | ToolCallFinished
     | SubagentStarted

@@ -267,6 +267,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         "cron:0:mm-thread", "mm-thread", "It is 2026-11-30T07:00:00Z.\n\nMorning.", "scheduler"
     ),
     messages.Tick: lambda: messages.Tick(AT),
+    messages.TextDelta: lambda: messages.TextDelta(session="sub-mm-thread-1", text="Hel", at=AT),
     messages.TokensSpent: lambda: messages.TokensSpent(
         "sub-mm-thread-1", messages.Usage(prompt_tokens=90, completion_tokens=5, requests=1)
     ),

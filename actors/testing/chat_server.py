@@ -37,7 +37,16 @@ from typing import Any
 
 from actors.testing.script import Answer, RawResponse, ScriptBook
 
-__all__ = ["ChatServer", "Closed", "Delayed", "Drip", "Endless", "ScriptFunction", "Step"]
+__all__ = [
+    "ChatServer",
+    "Closed",
+    "Delayed",
+    "Drip",
+    "Endless",
+    "ScriptFunction",
+    "Step",
+    "sse_body",
+]
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,50 @@ class _ClientGone(Exception):
 
 def _by_model(book: ScriptBook[dict[str, Any], Step], body: dict[str, Any]) -> Step:
     return book.answer(body.get("model"), body)
+
+
+def sse_body(response: dict[str, Any], piece: int = 4) -> bytes:
+    r"""``response`` (a whole ``chat.completion``) as a server streams it: ``data:`` lines of
+    ``chat.completion.chunk``\ s, the text and each call's arguments ``piece`` characters at a
+    time, then ``finish_reason``, the ``usage`` (if any) and ``data: [DONE]``.
+
+    Cut its bytes short to play a stream that breaks off.
+    """
+    choice = response["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": response.get("id", "chatcmpl"),
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    text = message.get("content") or ""
+    chunks += [chunk({"content": text[i : i + piece]}) for i in range(0, len(text), piece)]
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        head = {"index": index, "id": call["id"], "type": "function"}
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {**head, "function": {"name": call["function"]["name"], "arguments": ""}}
+                    ]
+                }
+            )
+        )
+        arguments = call["function"]["arguments"]
+        for i in range(0, len(arguments), piece):
+            part = {"index": index, "function": {"arguments": arguments[i : i + piece]}}
+            chunks.append(chunk({"tool_calls": [part]}))
+    chunks.append(chunk({}, choice.get("finish_reason") or "stop"))
+    if "usage" in response:
+        chunks.append(
+            {"object": "chat.completion.chunk", "choices": [], "usage": response["usage"]}
+        )
+    lines = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return "".join(lines).encode()
 
 
 def _json_error(status: int, message: str) -> RawResponse:
@@ -515,6 +568,12 @@ class ChatServer:
                 "total_tokens": used.prompt_tokens + used.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": used.cached_tokens},
             }
+        if body.get("stream") is True:
+            return RawResponse(
+                status=200,
+                body=sse_body(response),
+                headers={"Content-Type": "text/event-stream"},
+            )
         return RawResponse(
             status=200,
             body=json.dumps(response).encode(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -53,8 +54,14 @@ class ScriptedModel:
         with self._cond:
             return list(self._requests)
 
-    def complete(self, request: ModelRequest) -> ModelAnswer:
-        """Answer ``request`` from the script."""
+    streams = True
+    """A streamed request (``options.stream``) gets its answer's text in pieces too."""
+
+    def complete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
+        """Answer ``request`` from the script; with ``on_text`` (a streamed request) the
+        answer's text is given to it first, a word at a time."""
         with self._cond:
             self._requests.append(request)
             self._cond.notify_all()
@@ -67,6 +74,10 @@ class ScriptedModel:
                 self._next += 1
         if callable(self._script):
             answer = self._script(request)
+        if on_text is not None and answer.content:
+            for piece in re.findall(r"\S*\s*", answer.content):
+                if piece:
+                    on_text(piece)
         return ModelAnswer(
             request.session,
             request.request_id,
