@@ -86,15 +86,17 @@ def _context_tokens(config: Config, *, own_model: bool) -> int | None:
         return config.model.context_tokens
     api_key = config.model.api_key()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    # The runtime's log filter is not on yet: httpx logs the URL, credentials included.
-    scrub = RedactFilter(config.model.secrets())
-    for name in _LIBRARY_LOGGERS:
-        logging.getLogger(name).addFilter(scrub)
+    # httpx logs the URL it gets, credentials included: redact it before the runtime's filter
+    # is installed.
+    scrub = RedactFilter(config.secrets())
+    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(scrub)
     try:
         return read_props(config.model.base_url, headers).slot_context_tokens
     finally:
-        for name in _LIBRARY_LOGGERS:
-            logging.getLogger(name).removeFilter(scrub)
+        for logger in loggers:
+            logger.removeFilter(scrub)
 
 
 class _Waiter:
