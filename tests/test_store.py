@@ -889,3 +889,29 @@ def test_a_session_store_refuses_writes_after_its_file_is_removed(db: Path) -> N
         db.unlink()
         with pytest.raises(StoreFileReplaced, match="removed or replaced"):
             store.append("s", [user("x")], turns=1, next_call_id=1, untrusted=False)
+
+
+@pytest.mark.skipif("postgresql" not in BACKENDS, reason="PostgreSQL runs in tox -e cluster")
+def test_a_version_1_postgresql_store_gains_the_agent_column(
+    request: pytest.FixtureRequest,
+) -> None:
+    import psycopg
+
+    from actors.pgstore import PG_SCHEMA_VERSION, PgSessionStore
+
+    url = request.getfixturevalue("pg_database")()
+    with PgSessionStore(url) as store:  # today's schema, then made into version 1's
+        store.create("old", BASELINE, 0)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE loopd_sessions DROP COLUMN agent")
+        conn.execute("UPDATE loopd_meta SET value = '1' WHERE key = 'schema'")
+    with PgSessionStore(url) as store:
+        assert store.open("old").agent == "default"
+        store.create("new", BASELINE, 0, agent="planner")
+        assert [(i.id, i.agent) for i in store.list_sessions()] == [
+            ("new", "planner"),
+            ("old", "default"),
+        ]
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
+    assert row == (str(PG_SCHEMA_VERSION),) == ("2",)
