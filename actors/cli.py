@@ -211,7 +211,8 @@ def show_session(store: StoreBackend, session: str) -> int:
             for line in m.content.split("\n"):
                 print(f"    {escape_controls(line)}")
         for call in m.tool_calls:
-            print(escape_controls(f"    → #{call.id} {call.name}({call.arguments})", one_line=True))
+            shown = f"    → #{call.id} {call.name}({call.as_written})"
+            print(escape_controls(shown, one_line=True))
     return 0
 
 

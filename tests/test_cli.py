@@ -794,3 +794,17 @@ def test_run_text_that_is_not_unicode_is_refused(tmp_path: Path) -> None:
     assert b"the turn text is not valid Unicode text" in result.stderr
     assert b"Traceback" not in result.stderr
     assert not (tmp_path / "D").exists()
+
+
+def test_sessions_show_prints_unparseable_arguments_as_the_model_wrote_them(
+    tmp_path: Path,
+) -> None:
+    # The wire gets {} (a server refuses the history otherwise); a person sees the model's text.
+    home = tmp_path / "home"
+    script = [call("clock", "{not json"), reply("done")]
+    with Runtime.start(Config(home=str(home)), model=ScriptedModel(script)) as rt:
+        rt.run_turn("raw", "go", timeout=30)
+    result = loopd(tmp_path, "sessions", "show", "raw", "--home", home)
+    assert result.returncode == 0, result.stderr
+    assert "clock({not json)" in result.stdout
+    assert "clock({})" not in result.stdout
