@@ -20,6 +20,7 @@ from actors.memory import MemorySource
 from actors.model import ChatModel
 from actors.port import PortTool
 from actors.runtime import Runtime
+from actors.tracing import Tracer
 from messages import CancelTurn, SubagentStarted, TurnEvent, TurnOutcome, check_session_id
 
 __all__ = ["AsyncRuntime", "AsyncStart"]
@@ -92,6 +93,7 @@ class AsyncRuntime:
         tools: Iterable[PortTool] | None = None,
         memory: MemorySource | None = None,
         clock: Callable[[], datetime] | None = None,
+        tracer: Tracer | None = None,
     ) -> AsyncStart:
         """Start a runtime with the arguments of :meth:`Runtime.start`.
 
@@ -100,7 +102,9 @@ class AsyncRuntime:
         """
         options: dict[str, Any] = {} if clock is None else {"clock": clock}
         return AsyncStart(
-            lambda: Runtime.start(config, model=model, tools=tools, memory=memory, **options)
+            lambda: Runtime.start(
+                config, model=model, tools=tools, memory=memory, tracer=tracer, **options
+            )
         )
 
     @property

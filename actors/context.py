@@ -97,6 +97,8 @@ class Hold:
     """The store request that opens this session, so a late answer is told apart."""
     agent: str | None = None
     """The agent profile asked for; None: a stored session's own, ``default`` for a new one."""
+    trace: dict[str, str] | None = None
+    """The trace context the turn belongs under."""
 
     @property
     def is_child(self) -> bool:
@@ -286,7 +288,14 @@ class ContextActor(DispatchedActor):
     # A user's turn.
 
     def _start_turn(self, msg: StartTurn) -> None:
-        hold = Hold(msg.session, msg.text, msg.speaker, reply_to=msg.reply_to, agent=msg.agent)
+        hold = Hold(
+            msg.session,
+            msg.text,
+            msg.speaker,
+            reply_to=msg.reply_to,
+            agent=msg.agent,
+            trace=msg.trace,
+        )
         if msg.agent is not None and msg.agent not in self.agents:
             detail = f"no agent profile is named {msg.agent} (see [agents.NAME] in the config)"
             self.directory.tell(
@@ -342,7 +351,13 @@ class ContextActor(DispatchedActor):
         text = child_text(msg.task, self.config.loop.tool_result_cap, self.clock())
         spawn = next(self.spawns)
         hold = Hold(
-            child, text, parent=msg.parent, call_id=msg.call_id, spawn=spawn, agent=msg.agent
+            child,
+            text,
+            parent=msg.parent,
+            call_id=msg.call_id,
+            spawn=spawn,
+            agent=msg.agent,
+            trace=msg.trace,
         )
         if not self.holds.hold(hold):
             detail = f"session {child} is held already"
@@ -407,7 +422,7 @@ class ContextActor(DispatchedActor):
     @staticmethod
     def _run_turn(hold: Hold, *, stored: bool = False) -> RunTurn:
         pool: SlotPool = "background" if hold.is_child else "main"
-        return RunTurn(hold.text, hold.speaker, stored=stored, pool=pool)
+        return RunTurn(hold.text, hold.speaker, stored=stored, pool=pool, trace=hold.trace)
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> None:
         hold.open_request = next(self.requests)
@@ -726,4 +741,5 @@ class ContextActor(DispatchedActor):
         self.directory.tell(session_address(hold.parent), failed)
 
     def _emit(self, event: Any) -> None:
+        self.session_env.tracer.on_event(event, None)
         self.directory.tell(EVENTS, event)

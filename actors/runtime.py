@@ -34,6 +34,7 @@ from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import StoreActor
 from actors.text import RedactFilter, redact
+from actors.tracing import NoTracer, Tracer, default_tracer
 from actors.turn import Limits
 from messages import (
     CancelTurn,
@@ -172,6 +173,7 @@ class Runtime:
         self._home_lock: HomeLock | None = None
         self._log_filter: RedactFilter | None = None
         self._shared_memory: PgMemory | None = None
+        self.tracer: Tracer = NoTracer()
 
     @classmethod
     def start(
@@ -182,6 +184,7 @@ class Runtime:
         tools: Iterable[PortTool] | None = None,
         memory: MemorySource | None = None,
         clock: Callable[[], datetime] = _utc_now,
+        tracer: Tracer | None = None,
     ) -> Runtime:
         """Start every actor of a runtime on ``config``.
 
@@ -189,6 +192,8 @@ class Runtime:
         ``tools`` are the port's tools, ``memory`` replaces the ``home/MEMORY.md`` source, and
         ``clock`` the wall clock (for tests that pin the time). ``slots.total = "auto"`` reads
         the server's slot count here (see :func:`resolve_config`); ``rt.config`` has the result.
+        ``tracer`` gets every turn event for tracing; by default OpenTelemetry's when it is
+        installed (``loopd[otel]``), else none (:class:`actors.tracing.NoTracer`).
 
         Raises :class:`~actors.lock.HomeInUse` if another runtime holds ``config.home``.
 
@@ -213,7 +218,7 @@ class Runtime:
         # One runtime per home: two would reuse call ids and miscount turns (issue 8).
         home_lock = HomeLock.acquire(config.home_path)
         try:
-            runtime = cls._start(config, registry, agents, model, tools, memory, clock)
+            runtime = cls._start(config, registry, agents, model, tools, memory, clock, tracer)
         except BaseException:
             home_lock.release()
             raise
@@ -230,6 +235,7 @@ class Runtime:
         tools: list[PortTool],
         memory: MemorySource | None,
         clock: Callable[[], datetime],
+        tracer: Tracer | None,
     ) -> Runtime:
         # Open the store once here so a bad file fails the start, not every later turn.
         open_store(config).close()
@@ -267,6 +273,8 @@ class Runtime:
             keep_truncated=config.model.on_length == "keep",
         )
         dispatcher = Dispatcher(config.runtime.threads, name="loopd")
+        tracer = tracer if tracer is not None else default_tracer()
+        tracer.configure(config)
         env = SessionEnv(
             directory,
             registry,
@@ -276,6 +284,7 @@ class Runtime:
             dispatcher,
             agents=agents,
             budgeted=config.loop.token_budget is not None,
+            tracer=tracer,
         )
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.secrets()
@@ -322,6 +331,7 @@ class Runtime:
         runtime = cls(
             config, directory, subscribers, refs, chat_model, registry, service, dispatcher
         )
+        runtime.tracer = tracer
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
         for name in _LIBRARY_LOGGERS:
@@ -356,7 +366,8 @@ class Runtime:
         stored session of another agent is answered ``TurnFailed(reason=WRONG_AGENT)``.
         """
         self._check_agent(agent)
-        self._tell_context(StartTurn(session, text, speaker, reply_to, agent))
+        trace = self.tracer.caller_trace()
+        self._tell_context(StartTurn(session, text, speaker, reply_to, agent, trace))
 
     def run_turn(
         self,
@@ -382,7 +393,7 @@ class Runtime:
         check_wait(timeout, "timeout")
         self._check_agent(agent)
         address = self.directory.unique("waiter")
-        start = StartTurn(session, text, speaker, address, agent)
+        start = StartTurn(session, text, speaker, address, agent, self.tracer.caller_trace())
         waiter = _Waiter()
         self.directory.register(address, waiter)
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -14,6 +14,7 @@ from actors.config import DEFAULT_AGENT, AgentConfig
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory, session_address
 from actors.dispatch import Registry
 from actors.dispatcher import DispatchedActor, Dispatcher
+from actors.tracing import NoTracer, Tracer
 from actors.turn import (
     CallPort,
     CancelModel,
@@ -81,6 +82,8 @@ class SessionEnv:
     budgeted: bool = False
     """``loop.token_budget`` is set: model requests go through the Context, which counts each
     family's spend and refuses a request once the budget is spent."""
+    tracer: Tracer = field(default_factory=NoTracer)
+    """Sees every event this runtime's sessions emit (tracing)."""
 
     def agent(self, name: str) -> Agent:
         """Profile ``name`` as this runtime has it; ``KeyError`` if there is none."""
@@ -107,6 +110,7 @@ class SessionActor(DispatchedActor):
         self.pool: SlotPool = "main"  # set by each RunTurn: a child's requests use background
         # The Context checks the profile before it starts a session, so this does not raise.
         self.agent = env.agent(record.agent)
+        self.trace: dict[str, str] | None = None  # the running turn's trace context
 
     # Life cycle.
 
@@ -187,6 +191,7 @@ class SessionActor(DispatchedActor):
             log.error("%s: a turn is already running; RunTurn ignored", self.state.id)
             return
         self.pool = message.pool
+        self.trace = message.trace
         self.turn = Turn(
             self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
         )
@@ -201,6 +206,7 @@ class SessionActor(DispatchedActor):
         s = self.state
         for effect in effects:
             if isinstance(effect, Emit):
+                self.env.tracer.on_event(effect.event, self.trace)
                 tell(EVENTS, effect.event)
             elif isinstance(effect, Persist):
                 tell(
@@ -246,10 +252,11 @@ class SessionActor(DispatchedActor):
             elif isinstance(effect, WriteMemory):
                 tell(CONTEXT, Remember(s.id, effect.call_id, effect.text))
             elif isinstance(effect, Spawn):
-                tell(
-                    CONTEXT,
-                    SubagentRequest(s.id, effect.call_id, effect.task, s.untrusted, effect.agent),
+                trace = self.env.tracer.call_trace(s.id, effect.call_id)
+                request = SubagentRequest(
+                    s.id, effect.call_id, effect.task, s.untrusted, effect.agent, trace
                 )
+                tell(CONTEXT, request)
             elif isinstance(effect, Compact):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):

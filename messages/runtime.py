@@ -175,12 +175,15 @@ class RunTurn(Message, frozen=True):
     the turn (a new child's record is created with it), so the turn asks the model at once.
 
     ``text`` must be a ``str`` and ``speaker`` a ``str`` or None, both valid Unicode text.
+    ``trace`` is the trace context the turn belongs under (from its StartTurn or
+    SubagentRequest).
     """
 
     text: str
     speaker: str | None = None
     stored: bool = False
     pool: SlotPool = "main"
+    trace: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

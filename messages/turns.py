@@ -53,6 +53,7 @@ class StartTurn(Message, frozen=True):
 
     The answer (:class:`TurnCompleted` or :class:`TurnFailed`) goes to the ``reply_to`` address,
     when one is given, and is also visible to event subscribers as a ``TurnEnded`` event.
+    ``trace`` is the caller's trace context as text (W3C ``traceparent``), for tracing.
 
     Checked when built or decoded, before anything is stored: ``session`` must not be a child's
     id (``sub-...``: children are opened only by their parents), ``text`` must be a ``str`` and
@@ -66,6 +67,7 @@ class StartTurn(Message, frozen=True):
     agent: str | None = None
     """The agent profile of a new session (None: ``default``); a stored session keeps its own,
     and naming another one fails the turn with ``WRONG_AGENT``."""
+    trace: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,6 +111,8 @@ class SubagentRequest(Message, frozen=True):
 
     ``untrusted`` is the parent's flag at the spawn: the child starts with it (SPEC 5 and the
     guide's untrusted rule), so what the flag denies the parent is denied the child too.
+    ``trace`` is the trace context of that call (W3C ``traceparent``), so the child's turn is
+    traced under it.
     """
 
     parent: SessionId
@@ -117,6 +121,7 @@ class SubagentRequest(Message, frozen=True):
     untrusted: bool = False
     agent: str = "default"
     """The agent profile the child runs (the ``agent`` argument of the call)."""
+    trace: dict[str, str] | None = None
 
 
 class SubagentCompleted(Message, frozen=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from actors.testing.chat_server import ChatServer
 from actors.testing.model import ScriptedModel
 from actors.testing.probe import Probe
 from actors.testing.script import Answer, RawResponse
+from actors.tracing import Tracer
 
 __all__ = [
     "STOP_TIMEOUT_S",
@@ -119,7 +121,10 @@ def loopd_runtime(
 
     rt = loopd_runtime([reply("hi")])                      # a ScriptedModel from a list
     rt = loopd_runtime(script_fn, loop={"max_steps": 2})   # config sections overridden
-    rt = loopd_runtime(model=my_model, tools=[my_tool])
+    rt = loopd_runtime(model=my_model, tools=[my_tool], memory=my_memory, clock=fixed_clock)
+
+    It takes ``Runtime.start``'s keyword arguments by the same names (``model``, ``tools``,
+    ``memory``, ``clock``, ``tracer``), plus ``config`` and sections to override.
     """
     started: list[Runtime] = []
 
@@ -128,14 +133,19 @@ def loopd_runtime(
         *,
         model: Any = None,
         tools: Iterable[PortTool] | None = None,
-        memory_source: MemorySource | None = None,
+        memory: MemorySource | None = None,
+        clock: Callable[[], datetime] | None = None,
+        tracer: Tracer | None = None,
         config: Config | None = None,
+        memory_source: MemorySource | None = None,
         **sections: dict[str, Any],
     ) -> Runtime:
         if model is None and script is not None:
             model = ScriptedModel(script)
         cfg = _with(config or loopd_config, sections)
-        rt = Runtime.start(cfg, model=model, tools=tools, memory=memory_source)
+        options: dict[str, Any] = {} if clock is None else {"clock": clock}
+        memory = memory if memory is not None else memory_source  # the older name
+        rt = Runtime.start(cfg, model=model, tools=tools, memory=memory, tracer=tracer, **options)
         started.append(rt)
         return rt
 

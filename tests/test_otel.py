@@ -1,0 +1,163 @@
+"""OpenTelemetry spans: a turn, its model requests, its tool calls and its children, one tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgspec
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from actors import ModelConfig, port_tool
+from actors.otel import OtelTracer
+from actors.testing import call, reply
+from messages import FailReason, ModelRequest, StartTurn, SubagentRequest, TurnCompleted, TurnFailed
+
+WAIT = 10.0
+
+
+@pytest.fixture
+def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def by_name(finished: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in finished}
+
+
+@port_tool("weather", "The weather.")
+def weather(args):
+    return "sunny"
+
+
+def test_a_turn_with_a_tool_and_a_child_is_one_tree_under_the_callers_span(
+    loopd_runtime, loopd_config, spans
+) -> None:
+    provider, exporter = spans
+
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if request.session == "boss":
+            if last.role == "user":
+                return call("weather")
+            if last.content == "sunny":
+                return call("subagent", task="dig")
+            return reply("all done")
+        return reply("dug")
+
+    config = loopd_config.replace(model=ModelConfig(name="local-model"))
+    rt = loopd_runtime(
+        script, config=config, tools=[weather], tracer=OtelTracer(tracer_provider=provider)
+    )
+    caller = provider.get_tracer("the-app")
+    with caller.start_as_current_span("POST /chat") as request_span:
+        outcome = rt.run_turn("boss", "go", timeout=WAIT)
+    assert outcome == TurnCompleted("boss", "all done")
+    rt.stop()
+
+    finished = exporter.get_finished_spans()
+    named = by_name(finished)
+    turn = named["invoke_agent boss"]
+    tool = named["execute_tool weather"]
+    spawn = named["execute_tool subagent"]
+    child = named["invoke_agent sub-boss-2"]
+    chats = [s for s in finished if s.name == "chat local-model"]
+    # One trace, rooted at the caller's span.
+    trace_id = request_span.get_span_context().trace_id
+    assert {s.context.trace_id for s in finished} == {trace_id}
+    assert turn.parent.span_id == request_span.get_span_context().span_id
+    assert tool.parent.span_id == turn.context.span_id
+    assert spawn.parent.span_id == turn.context.span_id
+    # The child ran in another actor, yet its turn hangs under the parent's tool-call span.
+    assert child.parent.span_id == spawn.context.span_id
+    # Three model requests of the boss and one of the child, each under its own turn.
+    assert len(chats) == 4
+    assert sorted(s.parent.span_id == child.context.span_id for s in chats) == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    # GenAI semantic conventions.
+    assert turn.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert turn.attributes["gen_ai.conversation.id"] == "boss"
+    assert chats[0].kind is SpanKind.CLIENT
+    assert chats[0].attributes["gen_ai.operation.name"] == "chat"
+    assert chats[0].attributes["gen_ai.request.model"] == "local-model"
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.attributes["gen_ai.tool.name"] == "weather"
+    assert tool.attributes["gen_ai.tool.call.id"] == "1"
+    assert spawn.attributes["loopd.child"] == "sub-boss-2"
+    assert all(s.status.status_code is not StatusCode.ERROR for s in finished)
+
+
+def test_a_failed_turn_ends_its_spans_with_an_error(loopd_runtime, spans) -> None:
+    provider, exporter = spans
+    rt = loopd_runtime(
+        [call("weather"), call("weather")],
+        loop={"max_steps": 2},
+        tools=[weather],
+        tracer=OtelTracer(tracer_provider=provider),
+    )
+    outcome = rt.run_turn("s", "go", timeout=WAIT)
+    assert isinstance(outcome, TurnFailed) and outcome.reason is FailReason.TURN_LIMIT
+    rt.stop()
+    named = by_name(exporter.get_finished_spans())
+    turn = named["invoke_agent s"]
+    assert turn.status.status_code is StatusCode.ERROR
+    assert turn.attributes["error.type"] == "turn_limit"
+    # A turn without a caller's span is a root.
+    assert turn.parent is None
+
+
+def test_the_trace_context_is_plain_data_in_the_messages() -> None:
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    for message in (
+        StartTurn("s", "hi", trace=carrier),
+        SubagentRequest("s", 1, "task", trace=carrier),
+    ):
+        assert msgspec.json.decode(msgspec.json.encode(message), type=type(message)) == message
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(message), type=type(message)) == (
+            message
+        )
+
+
+def test_without_opentelemetry_nothing_of_it_is_imported(tmp_path: Path) -> None:
+    """A process where opentelemetry cannot be found runs turns and never imports it."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["opentelemetry"] = None  # as if the package were not installed
+        from actors import Config, Runtime
+        from actors.testing import ScriptedModel, reply
+        from actors.tracing import NoTracer
+        model = ScriptedModel([reply("ok")])
+        with Runtime.start(Config(home={str(tmp_path)!r}), model=model) as rt:
+            assert rt.run_turn("s", "hi", timeout=10).content == "ok"
+            assert isinstance(rt.tracer, NoTracer)
+        loaded = [m for m, v in sys.modules.items() if m.startswith("opentelemetry") and v]
+        assert not loaded, loaded
+        print("clean")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "clean"
+
+
+def test_with_opentelemetry_installed_the_default_tracer_is_otels(loopd_runtime) -> None:
+    rt = loopd_runtime([reply("ok")])
+    assert isinstance(rt.tracer, OtelTracer)
