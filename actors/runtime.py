@@ -28,6 +28,7 @@ from actors.lock import HomeLock
 from actors.memory import MemorySource, default_memory
 from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure, read_total_slots
 from actors.model_service import ModelService
+from actors.offline import check_real_model
 from actors.pool import PortRouter
 from actors.port import PortTool, port_error, port_handler, port_timeout
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
@@ -242,6 +243,8 @@ class Runtime:
         # Every child of one answer must be able to wait for the model at once.
         concurrency = max(config.model.concurrency, config.loop.max_children)
         model_config = msgspec.structs.replace(config.model, concurrency=concurrency)
+        if model is None:
+            check_real_model(config.model.base_url)  # the test kit's switch; off by default
         chat_model: ChatModel | AsyncChatModel
         if model is not None:
             chat_model = model

@@ -3,13 +3,20 @@ and fail with messages that say what happened."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 
 import httpx
 import pytest
 
-from actors import Directory, ModelFailure
+from actors import Config, Directory, ModelConfig, ModelFailure, Runtime
+from actors.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
+from actors.testing.probe import Terminated
 from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed
 
 
@@ -70,15 +77,6 @@ def test_a_probe_has_an_address_in_a_directory() -> None:
         probe.stop()
     assert directory.get(probe.address) is None
     assert not directory.tell(probe.address, "after") and directory.dead_letters == 1
-
-
-def test_expect_refuses_what_is_neither_type_nor_predicate() -> None:
-    probe = Probe.start()
-    try:
-        with pytest.raises(TypeError, match="a type or a predicate"):
-            probe.expect(42)
-    finally:
-        probe.stop()
 
 
 def test_a_scripted_model_answers_in_order_records_and_runs_out() -> None:
@@ -187,3 +185,148 @@ def test_a_run_whose_tests_leave_work_in_flight_exits_0_and_warns(
         ["*LoopdCleanupWarning: loopd's test kit could not stop * actor(s) within 0.5 s*Stuck*"]
     )
     assert "Timeout" not in result.stdout.str() + result.stderr.str()
+
+
+# --- the kit's newer helpers: exact expectations, within, watch, assert_complete, the switch ---
+
+
+def test_expect_an_exact_message_matches_by_equality() -> None:
+    probe = Probe.start()
+    try:
+        probe.tell(TurnCompleted("s", "one"))
+        probe.tell(TurnCompleted("s", "two"))
+        assert probe.expect(TurnCompleted("s", "two")) == TurnCompleted("s", "two")
+        with pytest.raises(AssertionError, match=r"expected a message equal to TurnCompleted\("):
+            probe.expect(TurnCompleted("s", "three"), timeout=0.1)
+        assert probe.next() == TurnCompleted("s", "one")
+    finally:
+        probe.stop()
+
+
+def test_within_fails_a_block_that_overran_and_bounds_its_expectations() -> None:
+    probe = Probe.start()
+    gate = threading.Event()
+    try:
+        with probe.within(5.0):
+            probe.tell("quick")
+            assert probe.expect("quick") == "quick"
+        # An expectation inside the block waits only for what is left of it, then the block
+        # itself reports that it overran.
+        with (
+            pytest.raises(AssertionError, match=r"expected a str within 0\.\d+ s"),
+            probe.within(0.2),
+        ):
+            probe.expect(str)
+        with (
+            pytest.raises(AssertionError, match=r"the block took .* more than 0\.05 s"),
+            probe.within(0.05),
+        ):
+            gate.wait(0.1)  # stands for slow work under test
+    finally:
+        probe.stop()
+
+
+def test_watch_expects_the_actors_stop() -> None:
+    probe = Probe.start()
+    other = Probe.start()
+    try:
+        probe.watch(other.ref)
+        probe.expect_none(within=0.1)
+        other.stop()
+        assert probe.expect(Terminated(other.ref)).ref is other.ref
+    finally:
+        probe.stop()
+
+
+def test_assert_complete_names_the_unused_answers() -> None:
+    model = ScriptedModel([reply("one"), reply("two")])
+    model.complete(request())
+    with pytest.raises(AssertionError, match=r"used 1 of its 2 answers; unused: \[Answer"):
+        model.assert_complete()
+    model.complete(request(n=2))
+    model.assert_complete()
+    ScriptedModel(lambda r: reply("x")).assert_complete()
+
+
+def test_the_switch_makes_a_runtime_for_a_real_model_fail_loudly(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(ENV_VAR, "1")
+    config = Config(home=str(tmp_path), model=ModelConfig(base_url="http://10.9.9.9:8080/v1"))
+    with pytest.raises(RealModelForbidden, match=r"10\.9\.9\.9:8080/v1.*real models are forbidden"):
+        Runtime.start(config)
+    # The kit's own models stay allowed: a ScriptedModel, and a running ChatServer.
+    Runtime.start(config, model=ScriptedModel([])).stop()
+    with ChatServer([reply("fake but fine")]) as server:
+        fake = config.replace(model=ModelConfig(base_url=server.base_url))
+        with Runtime.start(fake) as rt:
+            assert rt.run_turn("s", "hi", timeout=10) == TurnCompleted("s", "fake but fine")
+    with pytest.raises(RealModelForbidden):  # stopped: no longer a fake that serves
+        Runtime.start(fake)
+
+
+def test_the_pytest_option_turns_the_switch_on(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_real="""
+        from actors import Config, ModelConfig, Runtime
+
+        def test_talks_to_a_real_model(tmp_path):
+            Runtime.start(Config(home=str(tmp_path))).stop()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--loopd-no-real-model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*RealModelForbidden*real models are forbidden*"])
+
+
+def test_the_loopd_runtime_fixture_takes_runtime_starts_names(loopd_runtime) -> None:
+    from datetime import UTC, datetime
+
+    fixed = datetime(2026, 11, 29, 23, 59, 1, tzinfo=UTC)
+    model = ScriptedModel([call("clock"), reply("late")])
+    rt = loopd_runtime(model=model, clock=lambda: fixed)
+    assert rt.run_turn("s", "time?", timeout=10) == TurnCompleted("s", "late")
+    assert model.requests[1].messages[-1].content == "2026-11-29T23:59:01Z"
+    model.assert_complete()
+
+
+def test_the_chat_server_runs_on_its_own_from_a_script_file(tmp_path) -> None:
+    script = tmp_path / "answers.json"
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "clock", "arguments": {}}]}, "It is late.", "unused"])
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "actors.testing.chat_server", "--script", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        first = server.stdout.readline()
+        assert first.startswith("serving http://127.0.0.1:") and "(3 answers)" in first
+        base_url = first.split()[1]
+        config = Config(home=str(tmp_path / "home"), model=ModelConfig(base_url=base_url))
+        with Runtime.start(config) as rt:
+            assert rt.run_turn("s", "what time?", timeout=10) == TurnCompleted("s", "It is late.")
+        server.send_signal(signal.SIGTERM)
+        out, _err = server.communicate(timeout=10)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0
+    assert out.strip() == "stopped after 2 request(s)"
+
+
+def test_a_bad_script_file_is_refused_with_its_place(tmp_path) -> None:
+    script = tmp_path / "bad.json"
+    script.write_text('["fine", {"tool_calls": [{"nme": "clock"}]}]')
+    done = subprocess.run(
+        [sys.executable, "-m", "actors.testing.chat_server", "--script", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 2
+    assert "is not valid" in done.stderr and "nme" in done.stderr

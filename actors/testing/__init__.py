@@ -4,13 +4,14 @@
 - :class:`ScriptedModel`: an in-process model that answers from a script, recording requests.
 - :class:`ChatServer`: a fake OpenAI-compatible server on 127.0.0.1, scripted the same way.
 - :func:`reply`, :func:`call`, :func:`calls`: the answers a script is made of.
+- :class:`Terminated`: what a probe that ``watch``\\ es an actor receives when it stops.
 - The pytest plugin (installed with loopd) gives the fixtures ``loopd_runtime``,
-  ``chat_server`` and ``probe``.
+  ``chat_server`` and ``probe``, and the ``--loopd-no-real-model`` switch.
 """
 
 from actors.testing.chat_server import ChatServer
 from actors.testing.model import ScriptedModel
-from actors.testing.probe import Probe
+from actors.testing.probe import Probe, Terminated
 from actors.testing.script import (
     Answer,
     RawResponse,
@@ -28,6 +29,7 @@ __all__ = [
     "RawResponse",
     "ScriptBook",
     "ScriptedModel",
+    "Terminated",
     "call",
     "calls",
     "reply",

@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
+from actors.offline import allow_fake_server
 from actors.testing.script import Answer, RawResponse, ScriptBook
 
 __all__ = [
@@ -335,11 +336,11 @@ class ChatServer:
 
     # --- life ---
 
-    def start(self) -> ChatServer:
-        """Listen on a free port and serve in a daemon thread; returns self."""
+    def start(self, port: int = 0) -> ChatServer:
+        """Listen on ``port`` (a free one by default) and serve in a daemon thread; returns self."""
         if self._server is not None:
             raise RuntimeError("the chat server is already started")
-        server = _Server(("127.0.0.1", 0), _Handler)
+        server = _Server(("127.0.0.1", port), _Handler)
         server.chat = self
         self._stopping.clear()
         self._server = server
@@ -351,6 +352,7 @@ class ChatServer:
             daemon=True,
         )
         self._thread.start()
+        allow_fake_server(self.base_url, running=True)
         return self
 
     def stop(self) -> None:
@@ -358,6 +360,7 @@ class ChatServer:
         server, thread = self._server, self._thread
         if server is None:
             return
+        allow_fake_server(self.base_url, running=False)
         self._stopping.set()  # slow answers end now
         server.shutdown()
         server.server_close()
@@ -579,3 +582,9 @@ class ChatServer:
             body=json.dumps(response).encode(),
             headers={"Content-Type": "application/json"},
         )
+
+
+if __name__ == "__main__":  # python -m actors.testing.chat_server --script FILE
+    from actors.testing.script_file import main
+
+    sys.exit(main())

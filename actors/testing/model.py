@@ -95,5 +95,21 @@ class ScriptedModel:
                 )
             return list(self._requests)
 
+    def assert_complete(self) -> None:
+        """Fail (``AssertionError``) if answers of a list script were left unused.
+
+        Call it at the end of a test: a script longer than the conversation it drove usually
+        means the turn took a path the test did not mean. A function script is always complete.
+        """
+        with self._cond:
+            if callable(self._script) or self._next >= len(self._script):
+                return
+            unused = list(self._script[self._next :])
+            used = self._next
+        raise AssertionError(
+            f"the scripted model used {used} of its {used + len(unused)} answers; "
+            f"unused: {unused!r}"
+        )
+
     def close(self) -> None:
         """Nothing to release."""

@@ -16,6 +16,7 @@ import pytest
 from actors.config import Config
 from actors.directory import Directory
 from actors.memory import MemorySource
+from actors.offline import forbid_real_models
 from actors.port import PortTool
 from actors.runtime import Runtime
 from actors.testing.chat_server import ChatServer
@@ -31,6 +32,7 @@ __all__ = [
     "loopd_runtime",
     "probe",
     "pytest_addoption",
+    "pytest_configure",
     "pytest_sessionfinish",
 ]
 
@@ -40,12 +42,26 @@ the ini option ``loopd_stop_timeout`` says otherwise."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """The kit's ini option: ``loopd_stop_timeout`` (seconds)."""
+    """The kit's options: the ini ``loopd_stop_timeout`` (seconds), and
+    ``--loopd-no-real-model`` (ini ``loopd_no_real_model``): any runtime that would talk to a
+    real model fails loudly."""
     parser.addini(
         "loopd_stop_timeout",
         "seconds loopd's test kit waits for the runtimes and actors it stops",
         default=str(STOP_TIMEOUT_S),
     )
+    help_text = (
+        "fail any test whose runtime would send requests to a real model endpoint "
+        "(the kit's ScriptedModel and ChatServer stay allowed)"
+    )
+    parser.addoption("--loopd-no-real-model", action="store_true", help=help_text)
+    parser.addini("loopd_no_real_model", help_text, type="bool", default=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Turn the real-model switch on when the option or the ini key asks for it."""
+    if config.getoption("loopd_no_real_model", False) or config.getini("loopd_no_real_model"):
+        forbid_real_models()
 
 
 def _stop_timeout(config: pytest.Config) -> float:

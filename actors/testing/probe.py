@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import pykka
 
 from actors.directory import Directory
 
-__all__ = ["DEFAULT_TIMEOUT", "Probe"]
+__all__ = ["DEFAULT_TIMEOUT", "Probe", "Terminated"]
 
 DEFAULT_TIMEOUT = 5.0
 """Seconds an expectation waits when no timeout is given."""
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Terminated:
+    """What a probe receives when an actor it :meth:`~Probe.watch`\\ es has stopped."""
+
+    ref: pykka.ActorRef[Any]
 
 
 class _ProbeActor(pykka.ThreadingActor):
@@ -38,7 +48,8 @@ class Probe:
         done = probe.expect(TurnCompleted)
 
     ``expect`` waits for the first not yet expected message that matches, and takes it; a failed
-    expectation raises ``AssertionError`` listing everything that did arrive.
+    expectation raises ``AssertionError`` listing everything that did arrive. ``what`` is a type
+    (or a tuple of types), a predicate, or an exact message, matched by equality.
     """
 
     def __init__(self, directory: Directory | None = None, name: str = "probe") -> None:
@@ -47,6 +58,8 @@ class Probe:
         self._taken: set[int] = set()
         self._ref: pykka.ActorRef[Any] = _ProbeActor.start(self)
         self._directory = directory
+        self._deadline: float | None = None  # the end of the innermost within() block
+        self._closed = threading.Event()
         self.address = directory.unique(name) if directory else name
         if directory is not None:
             directory.register(self.address, self)
@@ -80,11 +93,15 @@ class Probe:
     def expect(self, what: type[T], timeout: float | None = None) -> T: ...
     @overload
     def expect(self, what: Callable[[Any], bool], timeout: float | None = None) -> Any: ...
+    @overload
+    def expect(self, what: T, timeout: float | None = None) -> T: ...
 
     def expect(self, what: Any, timeout: float | None = None) -> Any:
-        """Wait for a message of type ``what`` (or one for which ``what(msg)`` is true)."""
+        """Wait for a message of type ``what``, one for which ``what(msg)`` is true, or one equal
+        to ``what``. Without ``timeout``, wait :data:`DEFAULT_TIMEOUT` seconds, or what is left
+        of the enclosing :meth:`within` block."""
         match = _matcher(what)
-        deadline = DEFAULT_TIMEOUT if timeout is None else timeout
+        deadline = self._timeout(timeout)
         with self._cond:
             found: list[int] = []
 
@@ -101,6 +118,48 @@ class Probe:
                 )
             self._taken.add(found[0])
             return self._received[found[0]]
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is not None:
+            return timeout
+        if self._deadline is not None:
+            return max(0.0, self._deadline - time.monotonic())
+        return DEFAULT_TIMEOUT
+
+    @contextlib.contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        """A block that must finish within ``seconds``; ``AssertionError`` when it overran.
+
+        Expectations inside it wait at most for what is left of the block::
+
+            with probe.within(2.0):
+                rt.send_turn("s", "hi", reply_to=probe.address)
+                probe.expect(TurnCompleted)
+        """
+        start = time.monotonic()
+        outer = self._deadline
+        end = start + seconds
+        self._deadline = end if outer is None else min(end, outer)
+        try:
+            yield
+        finally:
+            self._deadline = outer
+        took = time.monotonic() - start
+        if took > seconds:
+            raise AssertionError(f"the block took {took:.3f} s, more than {seconds:g} s")
+
+    def watch(self, ref: pykka.ActorRef[Any]) -> None:
+        """Receive :class:`Terminated` (``ref``) once that actor stops; expect it with
+        ``probe.expect(Terminated(ref))``."""
+
+        def wait() -> None:
+            # pykka sets actor_stopped when the actor's loop ends, however it ended.
+            while not ref.actor_stopped.wait(0.05):
+                if self._closed.is_set():
+                    return
+            self._record(Terminated(ref))
+
+        threading.Thread(target=wait, name=f"probe-watch-{ref.actor_urn}", daemon=True).start()
 
     def next(self, timeout: float | None = None) -> Any:
         """Wait for the next message not yet taken, whatever it is, and take it."""
@@ -136,6 +195,7 @@ class Probe:
 
     def stop(self) -> None:
         """Stop the probe actor and free its address."""
+        self._closed.set()
         if self._directory is not None:
             self._directory.unregister(self.address, self)
         self._ref.stop()
@@ -152,12 +212,14 @@ def _matcher(what: Any) -> Callable[[Any], bool]:
         return lambda message: isinstance(message, what)
     if callable(what):
         return what  # type: ignore[no-any-return]
-    raise TypeError(f"expect takes a type or a predicate, not {what!r}")
+    return lambda message: bool(message == what)
 
 
 def _describe(what: Any) -> str:
     if isinstance(what, type):
         return f"a {what.__name__}"
-    if isinstance(what, tuple):
+    if isinstance(what, tuple) and all(isinstance(t, type) for t in what):
         return "one of " + ", ".join(t.__name__ for t in what)
+    if not callable(what):
+        return f"a message equal to {what!r}"
     return f"a message matching {getattr(what, '__name__', repr(what))}"
