@@ -1,8 +1,14 @@
-"""The ``loopd`` command line: demo, run, repl, sessions."""
+"""The ``loopd`` command line: demo, run, repl, serve, sessions.
+
+Exit codes: 0 done; 1 the turn failed; 2 bad input (flags, config, ids, files); 124 ``run
+--timeout`` ran out (the turn was cancelled); 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,17 +23,24 @@ from actors.lock import HomeInUse
 from actors.reader import StoreReader
 from actors.render import EventPrinter, table
 from actors.runtime import Runtime
+from actors.serve import event_line
 from actors.store import DB_NAME, StoreError
 from actors.text import escape_controls, redact
+from actors.tool_loader import load_tools
 from actors.usage import format_usage, total_usage, turn_usage
 from messages import (
+    FailReason,
     TurnCompleted,
+    TurnFailed,
     check_session_id,
     check_text,
     check_top_level_session,
 )
 
-__all__ = ["build_parser", "main", "show_session"]
+__all__ = ["EXIT_TIMEOUT", "build_parser", "main", "show_session"]
+
+EXIT_TIMEOUT = 124
+"""``loopd run --timeout`` gave up waiting (as timeout(1) does); distinct from bad input's 2."""
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -109,11 +122,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
     config = _one_shot(_config(args))
+    tools = load_tools(args.tools)
     _exit_on_sigterm()
-    with Runtime.start(config) as rt:
+    with Runtime.start(config, tools=tools) as rt:
         if not args.quiet:
-            rt.subscribe(EventPrinter(sys.stderr))
-        outcome = rt.run_turn(args.session, args.text, timeout=args.timeout, agent=args.agent)
+            if args.json:
+                rt.subscribe(lambda event: print(event_line(event, True), file=sys.stderr))
+            else:
+                rt.subscribe(EventPrinter(sys.stderr))
+        try:
+            outcome = rt.run_turn(args.session, args.text, timeout=args.timeout, agent=args.agent)
+        except TimeoutError:
+            return _timed_out(rt, args)
+    if args.json:
+        print(msgspec.json.encode(outcome).decode())
+        return 0 if isinstance(outcome, TurnCompleted) else 1
     if isinstance(outcome, TurnCompleted):
         print(escape_controls(outcome.content))
         return 0
@@ -122,11 +145,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1
 
 
+def _timed_out(rt: Runtime, args: argparse.Namespace) -> int:
+    """``run --timeout`` ran out: cancel the turn and say exactly what became of it."""
+    cancelled = rt.cancel(args.session)
+    if cancelled:
+        children = len(cancelled) - 1
+        below = f" and {children} child session(s) below it" if children else ""
+        what = (
+            f"no answer within {args.timeout:g} s (--timeout): the turn of {args.session}"
+            f"{below} was cancelled; what it stored so far stays stored"
+        )
+    else:  # it ended in the instant between the wait running out and the cancel
+        what = (
+            f"no answer within {args.timeout:g} s (--timeout): the turn of {args.session} "
+            "ended just then, unread; see loopd sessions show"
+        )
+    if args.json:
+        print(msgspec.json.encode(TurnFailed(args.session, FailReason.TIMEOUT, what)).decode())
+    print(f"loopd: {what}", file=sys.stderr)
+    return EXIT_TIMEOUT
+
+
 def cmd_repl(args: argparse.Namespace) -> int:
     """An interactive Python console with a started runtime (see actors.repl)."""
     from actors.repl import run_repl
 
-    return run_repl(_config(args), scripted=args.scripted)
+    config = _config(args)
+    tools = load_tools(args.tools)
+    return run_repl(config, scripted=args.scripted, tools=tools)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the runtime and its scheduler until SIGTERM or SIGINT (see actors.serve)."""
+    from actors.serve import serve
+
+    config = _config(args)
+    return serve(config, json_lines=args.json, tools=load_tools(args.tools))
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -153,10 +207,17 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def print_sessions(store: StoreBackend, args: argparse.Namespace) -> int:
-    """``loopd sessions`` (a table of every session) or ``loopd sessions show ID``."""
+    """``loopd sessions`` (a table of every session, or one JSON line each with ``--json``) or
+    ``loopd sessions show ID``."""
     if args.action == "show":
+        if args.json:
+            return show_session_json(store, args.id)
         return show_session(store, args.id)
     infos = store.list_sessions()
+    if args.json:
+        for i in infos:
+            print(msgspec.json.encode(_session_row(i)).decode())
+        return 0
     if not infos:
         print("no sessions")
         return 0
@@ -172,6 +233,37 @@ def print_sessions(store: StoreBackend, args: argparse.Namespace) -> int:
         for i in infos
     ]
     print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    return 0
+
+
+def _session_row(info: Any) -> dict[str, Any]:
+    """One line of ``loopd sessions --json``."""
+    return {
+        "id": info.id,
+        "slot": info.slot,
+        "turns": info.turns,
+        "untrusted": info.untrusted,
+        "messages": info.messages,
+        "updated_at": info.updated_at,
+    }
+
+
+def show_session_json(store: StoreBackend, session: str) -> int:
+    """``loopd sessions show ID --json``: the session on the first line, then one line per
+    stored message (``seq``, ``compacted``, ``message`` in the chat-completions shape)."""
+    record = store.open(check_session_id(session))
+    head = {
+        "id": record.id,
+        "slot": record.slot,
+        "turns": record.turns,
+        "untrusted": record.untrusted,
+        "next_call_id": record.next_call_id,
+        "children": list(store.children(session)),
+    }
+    print(msgspec.json.encode(head).decode())
+    for stored in store.history(session):
+        line = {"seq": stored.seq, "compacted": stored.compacted, "message": stored.message}
+        print(msgspec.json.encode(line).decode())
     return 0
 
 
@@ -219,8 +311,12 @@ def show_session(store: StoreBackend, session: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``loopd``."""
     parser = argparse.ArgumentParser(
-        prog="loopd", description="An actor runtime for LLM agent sessions, with subagents."
+        prog="loopd",
+        description="An actor runtime for LLM agent sessions, with subagents.",
+        epilog="exit codes: 0 done, 1 the turn failed, 2 bad input, "
+        f"{EXIT_TIMEOUT} run --timeout ran out, 130 interrupted",
     )
+    parser.add_argument("--version", action="version", version=f"loopd {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, *, endpoint: bool = False) -> None:
@@ -238,12 +334,17 @@ def build_parser() -> argparse.ArgumentParser:
     common(run, endpoint=True)
     run.add_argument("--session", default="main", help="the session id (default: main)")
     run.add_argument(
-        "--timeout", type=_seconds, default=None, help="seconds to wait for the turn (> 0)"
+        "--timeout",
+        type=_seconds,
+        default=None,
+        help=f"seconds to wait (> 0); then the turn is cancelled and loopd exits {EXIT_TIMEOUT}",
     )
     run.add_argument(
         "--agent",
         help="the agent profile ([agents.NAME]) of a new session; a stored one keeps its own",
     )
+    run.add_argument("--json", action="store_true", help="the outcome and events as JSON lines")
+    _tools_flag(run)
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
     run.add_argument("text", help="what to say")
     run.set_defaults(fn=cmd_run)
@@ -251,24 +352,63 @@ def build_parser() -> argparse.ArgumentParser:
     repl = sub.add_parser("repl", help="a Python console with a started runtime")
     common(repl, endpoint=True)
     repl.add_argument("--scripted", action="store_true", help="offline, on the demo's model")
+    _tools_flag(repl)
     repl.set_defaults(fn=cmd_repl)
+
+    serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")
+    common(serve, endpoint=True)
+    serve.add_argument("--json", action="store_true", help="each event as one JSON line")
+    _tools_flag(serve)
+    serve.set_defaults(fn=cmd_serve)
 
     sessions = sub.add_parser("sessions", help="list stored sessions, or show one")
     common(sessions)
     sessions.add_argument("action", nargs="?", choices=["show"], help="show one session")
     sessions.add_argument("id", nargs="?", help="the session id to show")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per line")
     sessions.set_defaults(fn=cmd_sessions)
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("loopd")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+def _tools_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="port tools to load: a PortTool or a list of them (repeatable)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``loopd`` console script."""
+    """Entry point of the ``loopd`` console script; a closed stdout (``| head``) ends quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away: point stdout at nothing so the exit flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "action", None) == "show" and not args.id:
         parser.error("sessions show needs a session ID")
     try:
         code: int = args.fn(args)
+    except BrokenPipeError:  # not bad input: main() ends it quietly
+        raise
     except (ConfigError, StoreError, HomeInUse, ValueError, TypeError, OSError) as exc:
         # URL credentials and tokens never reach the terminal, nor do its control sequences.
         print(f"loopd: {escape_controls(redact(str(exc)))}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import code
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import pykka
@@ -21,6 +21,7 @@ import messages
 from actors.backend import open_store
 from actors.config import Config, check_wait
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
+from actors.port import PortTool
 from actors.render import EventPrinter, table
 from actors.runtime import Runtime
 from actors.text import escape_controls, redact
@@ -395,13 +396,19 @@ def _enable_completion(namespace: dict[str, Any]) -> None:
         readline.parse_and_bind("tab: complete")
 
 
-def run_repl(config: Config, *, scripted: bool = False, stdin: TextIO | None = None) -> int:
+def run_repl(
+    config: Config,
+    *,
+    scripted: bool = False,
+    stdin: TextIO | None = None,
+    tools: Sequence[PortTool] = (),
+) -> int:
     """Start a runtime on ``config`` and run the console until Ctrl-D or ``exit()``.
 
     ``scripted`` runs the demo's scripted model instead of the HTTP client; ``stdin`` feeds
     the console from a stream instead of the terminal (for tests; no readline then). The
     runtime is stopped whatever way the console ends. Returns the exit status: 0, or the
-    number given to ``exit(n)``.
+    number given to ``exit(n)``. ``tools`` are the port's tools (``--tools``).
     """
     model = None
     if scripted:
@@ -409,7 +416,7 @@ def run_repl(config: Config, *, scripted: bool = False, stdin: TextIO | None = N
         from actors.testing.model import ScriptedModel
 
         model = ScriptedModel(demo_script)
-    rt = Runtime.start(config, model=model)
+    rt = Runtime.start(config, model=model, tools=tools)
     helpers = Helpers(rt)
     status = 0
     try:
