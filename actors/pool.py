@@ -8,21 +8,28 @@ Each job travels with a :class:`Ticket`: its cancel signal (set when the session
 when the job outlives the pool's time limit, or when the pool stops) and the rule that a job is
 answered once. A job past the time limit is answered by the router with ``on_timeout``'s reply;
 the worker's late reply is then dropped.
+
+A job for an ``async def`` tool takes no worker: the router starts it as a task on the pool's
+event loop (:class:`~actors.tool_loop.ToolLoop`), with the same ticket, time limit and cancel;
+cancelling it cancels the task.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
 
 from actors.directory import Directory
+from actors.tool_loop import ToolLoop
 from messages import CancelPortCall
 
 __all__ = ["IdleQueue", "PoolWorker", "PortRouter", "Ticket"]
@@ -60,6 +67,9 @@ ErrorReply = Callable[[Any, Exception], Any]
 
 TimeoutReply = Callable[[Any, float], Any]
 """The reply to a job that outlived the pool's time limit (given in seconds)."""
+
+AsyncJob = Callable[[Any, Ticket], Coroutine[Any, Any, Any] | None]
+"""The coroutine that answers a job on the event loop (an ``async def`` tool), else None."""
 
 
 class IdleQueue:
@@ -106,6 +116,12 @@ class _Run:
 @dataclass(frozen=True)
 class _TimedOut:
     ticket: Ticket
+
+
+@dataclass(frozen=True)
+class _AsyncDone:
+    ticket: Ticket
+    reply: Any
 
 
 class PoolWorker(pykka.ThreadingActor):
@@ -167,6 +183,7 @@ class PortRouter(pykka.ThreadingActor):
         *,
         timeout_s: float | None = None,
         on_timeout: TimeoutReply | None = None,
+        async_job: AsyncJob | None = None,
     ) -> None:
         super().__init__()
         self.size = size
@@ -179,6 +196,9 @@ class PortRouter(pykka.ThreadingActor):
         self.workers: list[pykka.ActorRef[Any]] = []
         self.running: dict[Hashable, Ticket] = {}
         self.timers: dict[Hashable, threading.Timer] = {}
+        self.async_job = async_job
+        self.loop: ToolLoop | None = None  # started with the first async job
+        self.tasks: dict[Hashable, concurrent.futures.Future[Any]] = {}
 
     def on_start(self) -> None:
         self.workers = [
@@ -193,6 +213,8 @@ class PortRouter(pykka.ThreadingActor):
             ticket.cancelled.set()  # a tool that listens stops now
         for worker in self.workers:
             worker.stop(block=False)
+        if self.loop is not None:
+            self.loop.stop()  # cancels the async tools still running
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, _WorkerIdle):
@@ -204,24 +226,65 @@ class PortRouter(pykka.ThreadingActor):
         elif isinstance(message, _TimedOut):
             self._timed_out(message.ticket)
             return
+        elif isinstance(message, _AsyncDone):
+            if message.ticket.claim():
+                self.directory.tell(message.ticket.job.reply_to, message.reply)
+            self._done(message.ticket.key)
+            return
+        elif self._ran_async(message):
+            return
         else:
             start = self.queue.submit(message)
         if start is not None:
             self._run(*start)
 
-    def _run(self, worker: int, job: Any) -> None:
-        key = _port_key(job)
+    def _ticket(self, job: Any) -> Ticket:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        ticket = Ticket(job, key, deadline)
-        self.running[key] = ticket
+        return Ticket(job, _port_key(job), deadline)
+
+    def _track(self, ticket: Ticket) -> None:
+        self.running[ticket.key] = ticket
         if self.timeout_s is not None:
             timer = threading.Timer(self.timeout_s, self.actor_ref.tell, [_TimedOut(ticket)])
             timer.daemon = True
-            self.timers[key] = timer
+            self.timers[ticket.key] = timer
             timer.start()
+
+    def _run(self, worker: int, job: Any) -> None:
+        ticket = self._ticket(job)
+        self._track(ticket)
         self.workers[worker].tell(_Run(ticket))
 
+    def _ran_async(self, job: Any) -> bool:
+        """Start ``job`` on the event loop if it is an async tool's; False if it is not."""
+        if self.async_job is None:
+            return False
+        ticket = self._ticket(job)
+        coro = self.async_job(job, ticket)
+        if coro is None:
+            return False
+        self._track(ticket)
+        if self.loop is None:
+            self.loop = ToolLoop()
+        task = self.loop.submit(coro)
+        self.tasks[ticket.key] = task
+        router = self.actor_ref
+
+        def finished(done: concurrent.futures.Future[Any]) -> None:
+            try:
+                reply = done.result()
+            except concurrent.futures.CancelledError:  # cancelled, timed out or stopping
+                reply = self.on_error(job, RuntimeError("it was cancelled"))
+            except Exception as exc:  # answered all the same
+                reply = self.on_error(job, exc)
+            with contextlib.suppress(pykka.ActorDeadError):  # a stopped pool: nobody waits
+                router.tell(_AsyncDone(ticket, reply))
+
+        task.add_done_callback(finished)
+        return True
+
     def _done(self, key: Hashable) -> None:
+        self.tasks.pop(key, None)
         self.running.pop(key, None)
         timer = self.timers.pop(key, None)
         if timer is not None:
@@ -233,11 +296,17 @@ class PortRouter(pykka.ThreadingActor):
         ticket = self.running.get(key)
         if ticket is not None:
             ticket.cancelled.set()
+            task = self.tasks.get(key)
+            if task is not None:
+                task.cancel()
 
     def _timed_out(self, ticket: Ticket) -> None:
         if self.running.get(ticket.key) is not ticket or self.timeout_s is None:
             return  # finished meanwhile
         self.timers.pop(ticket.key, None)
         ticket.cancelled.set()
+        task = self.tasks.get(ticket.key)
+        if task is not None:
+            task.cancel()
         if self.on_timeout is not None and ticket.claim():
             self.directory.tell(ticket.job.reply_to, self.on_timeout(ticket.job, self.timeout_s))

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
-import time
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from actors.dispatch import ArgumentError, parse_json_object
 from actors.pool import Ticket
+from actors.tool_context import ToolContext
 from messages import DataClass, DenyReason, PortCall, ToolDone, ToolResult, ToolSpec, denial_message
 
 __all__ = [
     "PortTool",
     "ToolContext",
     "ToolOutput",
+    "port_async_job",
     "port_error",
     "port_handler",
     "port_timeout",
@@ -26,34 +26,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a tool may know about the call it runs: a tool function gets it in a parameter
-    annotated ``ToolContext``::
-
-        @port_tool("fetch", "Fetch a page.")
-        def fetch(args: dict[str, Any], ctx: ToolContext) -> str:
-            while not ctx.cancelled.is_set(): ...
-
-    ``cancelled`` is set when nobody waits for the result any more: the turn was cancelled, the
-    call outlived ``port.timeout_s``, or the runtime is stopping. A tool that runs long should
-    check it (or ``wait`` on it) and return early; what it returns then is dropped.
-    """
-
-    session: str
-    """The session whose model made the call."""
-    call_id: int
-    """The call's id in that session."""
-    deadline: float | None = None
-    """``time.monotonic()`` by which the call must be done (``port.timeout_s``), or None."""
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    """Set once the call's result is no longer wanted."""
-
-    def remaining(self) -> float | None:
-        """Seconds left before the deadline (never negative), or None without one."""
-        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
 
 def _context_parameter(fn: Callable[..., Any]) -> str | None:
@@ -131,23 +103,58 @@ class PortTool:
         return ToolResult(call_id, text, self.data_class, self.untrusted)
 
 
+@overload
+def port_tool(name: Callable[..., Any], /) -> PortTool: ...
+@overload
 def port_tool(
-    name: str,
-    description: str,
+    name: str | None = None,
+    description: str | None = None,
     parameters: dict[str, Any] | None = None,
     *,
     data_class: DataClass = DataClass.PUBLIC,
     untrusted: bool = False,
-) -> Callable[[Callable[..., str | ToolOutput]], PortTool]:
-    """Decorate a function as a :class:`PortTool`::
+) -> Callable[[Callable[..., Any]], PortTool]: ...
 
-    @port_tool("hostname", "This machine's host name.")
-    def hostname(args): return socket.gethostname()
+
+def port_tool(
+    name: str | Callable[..., Any] | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    *,
+    data_class: DataClass = DataClass.PUBLIC,
+    untrusted: bool = False,
+) -> PortTool | Callable[[Callable[..., Any]], PortTool]:
+    """Decorate a function as a :class:`PortTool`.
+
+    A typed function, with ``@port_tool`` or ``@port_tool(name=..., untrusted=...)``: the schema
+    comes from its type hints and docstring, and arguments are checked before it runs (see
+    :mod:`actors.typed_tool`)::
+
+        @port_tool
+        def forecast(city: str, days: int = 1) -> str:
+            \"\"\"The weather forecast for a city.\"\"\"
+
+    A function of one parameter, the arguments dict (unannotated or annotated ``dict``), or
+    any function given a hand-written schema (``parameters``)::
+
+        @port_tool("hostname", "This machine's host name.")
+        def hostname(args): return socket.gethostname()
     """
-    schema = parameters or {"type": "object", "properties": {}}
+    if callable(name):  # bare @port_tool on a typed function
+        from actors.typed_tool import typed_tool
 
-    def wrap(fn: Callable[..., str | ToolOutput]) -> PortTool:
-        return PortTool(ToolSpec(name, description, schema), fn, data_class, untrusted)
+        return typed_tool(name)
+
+    def wrap(fn: Callable[..., Any]) -> PortTool:
+        from actors.typed_tool import takes_arguments_dict, typed_tool
+
+        if parameters is None and not takes_arguments_dict(fn):
+            return typed_tool(
+                fn, name=name, description=description, data_class=data_class, untrusted=untrusted
+            )
+        schema = parameters or {"type": "object", "properties": {}}
+        spec = ToolSpec(name or fn.__name__, description or "", schema)
+        return PortTool(spec, fn, data_class, untrusted)
 
     return wrap
 
@@ -161,10 +168,39 @@ def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall, Ticket], Tool
         if tool is None:  # the registry only routes port names here; keep the answer anyway
             text = denial_message(DenyReason.UNKNOWN_TOOL, call.name)
             return ToolDone(call.session, ToolResult(call.call_id, text))
-        context = ToolContext(call.session, call.call_id, ticket.deadline, ticket.cancelled)
-        return ToolDone(call.session, tool.run(call.call_id, call.arguments, context))
+        return ToolDone(
+            call.session, tool.run(call.call_id, call.arguments, _context(call, ticket))
+        )
 
     return handle
+
+
+def _context(call: PortCall, ticket: Ticket) -> ToolContext:
+    return ToolContext(
+        call.session, call.call_id, ticket.deadline, ticket.cancelled, call.untrusted
+    )
+
+
+def port_async_job(
+    tools: Iterable[PortTool],
+) -> Callable[[PortCall, Ticket], Coroutine[Any, Any, ToolDone] | None]:
+    """For the port's router: the coroutine that runs an ``async def`` tool's call on the
+    port's event loop, or None for a call a worker thread runs."""
+    by_name = {tool.name: tool for tool in tools if getattr(tool, "is_async", False)}
+
+    def job(call: PortCall, ticket: Ticket) -> Coroutine[Any, Any, ToolDone] | None:
+        tool = by_name.get(call.name)
+        if tool is None:
+            return None
+        run_async = tool.run_async  # type: ignore[attr-defined]
+        context = _context(call, ticket)
+
+        async def run() -> ToolDone:
+            return ToolDone(call.session, await run_async(call.call_id, call.arguments, context))
+
+        return run()
+
+    return job
 
 
 def port_timeout(call: PortCall, timeout_s: float) -> ToolDone:

@@ -30,7 +30,7 @@ from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure,
 from actors.model_service import ModelService
 from actors.offline import check_real_model
 from actors.pool import PortRouter
-from actors.port import PortTool, port_error, port_handler, port_timeout
+from actors.port import PortTool, port_async_job, port_error, port_handler, port_timeout
 from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.session import SessionEnv
 from actors.store import StoreActor
@@ -311,6 +311,7 @@ class Runtime:
                 directory,
                 timeout_s=config.port.timeout_s,
                 on_timeout=port_timeout,
+                async_job=port_async_job(tools),
             )
             for address in (EVENTS, STORE, PORT):
                 directory.register(address, refs[address])

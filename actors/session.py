@@ -247,7 +247,14 @@ class SessionActor(DispatchedActor):
             elif isinstance(effect, CallPort):
                 tell(
                     PORT,
-                    PortCall(s.id, effect.call_id, effect.name, effect.arguments, self.address),
+                    PortCall(
+                        s.id,
+                        effect.call_id,
+                        effect.name,
+                        effect.arguments,
+                        self.address,
+                        s.untrusted,
+                    ),
                 )
             elif isinstance(effect, WriteMemory):
                 tell(CONTEXT, Remember(s.id, effect.call_id, effect.text))

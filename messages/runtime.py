@@ -209,13 +209,15 @@ class SessionCrashed(Message, frozen=True):
 
 
 class PortCall(Message, frozen=True):
-    """Run the port tool ``name`` for ``session``'s call ``call_id``; answer at ``reply_to``."""
+    """Run the port tool ``name`` for ``session``'s call ``call_id``; answer at ``reply_to``.
+    ``untrusted`` is the session's flag when it made the call (a tool may refuse then)."""
 
     session: SessionId
     call_id: CallId
     name: str
     arguments: str
     reply_to: str
+    untrusted: bool = False
 
 
 class ToolDone(Message, frozen=True):
