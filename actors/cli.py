@@ -172,7 +172,7 @@ def cmd_repl(args: argparse.Namespace) -> int:
 
     config = _config(args)
     tools = load_tools(args.tools)
-    return run_repl(config, scripted=args.scripted, tools=tools)
+    return run_repl(config, scripted=args.scripted, tools=tools, shell=args.shell)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -352,6 +352,18 @@ def build_parser() -> argparse.ArgumentParser:
     repl = sub.add_parser("repl", help="a Python console with a started runtime")
     common(repl, endpoint=True)
     repl.add_argument("--scripted", action="store_true", help="offline, on the demo's model")
+    shells = repl.add_mutually_exclusive_group()
+    shells.add_argument(
+        "--ipython",
+        dest="shell",
+        action="store_const",
+        const="ipython",
+        default="auto",
+        help="use IPython (the default when it is installed)",
+    )
+    shells.add_argument(
+        "--plain", dest="shell", action="store_const", const="plain", help="the plain console"
+    )
     _tools_flag(repl)
     repl.set_defaults(fn=cmd_repl)
 

@@ -10,20 +10,26 @@ event bus thread and may land in the middle of the prompt; that is expected.
 from __future__ import annotations
 
 import code
+import importlib.util
+import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import pykka
 
+import actors
 import messages
 from actors.backend import open_store
 from actors.config import Config, check_wait
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.port import PortTool
-from actors.render import EventPrinter, table
+from actors.render import EventPrinter
+from actors.repl_views import SessionRow, SessionTable, SessionView, session_view
 from actors.runtime import Runtime
+from actors.store import StoreError
 from actors.text import escape_controls, redact
 from messages import (
     ChatMessage,
@@ -137,8 +143,9 @@ class Helpers:
         answer: ContextStatus = self.rt.context.ask(Inspect(), block=True, timeout=5)
         return answer
 
-    def sessions(self) -> None:
-        """Print every stored session: id, slot, turns, untrusted, messages, and its state.
+    def sessions(self) -> SessionTable:
+        """Every stored session: id, slot, turns, untrusted, messages, and its state; it
+        prints as a table.
 
         STATE is ``held`` while a turn holds the id, ``live`` while its actor runs idle, ``-``
         otherwise: only stored (a child's actor goes when its one turn ends; an idle top-level
@@ -158,23 +165,12 @@ class Helpers:
             return "live" if session in status.live else "-"
 
         rows = [
-            [
-                i.id,
-                str(i.slot),
-                str(i.turns),
-                "yes" if i.untrusted else "no",
-                str(i.messages),
-                state(i.id),
-            ]
-            for i in infos
+            SessionRow(i.id, i.slot, i.turns, i.untrusted, i.messages, state(i.id)) for i in infos
         ]
         # A session being opened is held before the store has it.
         for session in sorted((set(status.held) | set(status.live)) - stored):
-            rows.append([session, "-", "-", "-", "-", state(session)])
-        if not rows:
-            _print("no sessions")
-            return
-        _print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "STATE"]))
+            rows.append(SessionRow(session, None, None, None, None, state(session)))
+        return SessionTable(rows)
 
     def held(self) -> tuple[str, ...]:
         """The ids a running turn holds now (a user's turn or a subagent's), sorted."""
@@ -185,18 +181,15 @@ class Helpers:
         stored, and their next turn rebuilds them from the store."""
         return self.rt.live(timeout=5)
 
-    def show(self, session: str) -> None:
-        """Print the stored transcript of ``session`` like ``loopd sessions show``: its counters
-        and children, then every message (role, content, tool calls, compacted marks)."""
-        from actors.cli import show_session
-
+    def show(self, session: str) -> SessionView:
+        """The stored session ``session``: its record, children and messages. It prints like
+        ``loopd sessions show``; its fields are data (``show("demo").record.turns``)."""
         check_session_id(session)
         store = open_store(self.rt.config)
         try:
-            show_session(store, session)
+            return session_view(store, session)
         finally:
             store.close()
-        sys.stdout.flush()
 
     # Turns.
 
@@ -209,7 +202,8 @@ class Helpers:
 
         The turn's events, its children's included, are printed live while it runs (once
         only if ``tail`` is on). Raises ``ValueError`` for an invalid id and ``TimeoutError``
-        after ``timeout`` seconds (the turn goes on; Ctrl-C stops the waiting too).
+        after ``timeout`` seconds (the turn goes on). Ctrl-C cancels the turn and its children
+        and returns ``TurnFailed(reason=CANCELLED)``, back at the prompt.
         """
         ended = threading.Event()
 
@@ -221,7 +215,10 @@ class Helpers:
 
         unsubscribe = self.rt.subscribe(watch)
         try:
-            outcome = self.rt.run_turn(session, text, timeout, agent=agent)
+            try:
+                outcome = self.rt.run_turn(session, text, timeout, agent=agent)
+            except KeyboardInterrupt:
+                return self._interrupted(session)
             # The session emits TurnEnded before it reports the outcome, so the bus has it
             # already; wait for it to be printed. A BUSY refusal never began, so has none.
             if not (isinstance(outcome, TurnFailed) and outcome.reason == FailReason.BUSY):
@@ -229,6 +226,15 @@ class Helpers:
             return outcome
         finally:
             unsubscribe()
+
+    def _interrupted(self, session: str) -> TurnFailed:
+        """Ctrl-C during ``turn``: cancel the turn and its children, say so in one line."""
+        cancelled = self.rt.cancel(session)
+        if cancelled:
+            _print(f"Ctrl-C: cancelled {', '.join(cancelled)}")
+        else:
+            _print(f"Ctrl-C: the turn of {session} had ended already")
+        return TurnFailed(session, FailReason.CANCELLED, "cancelled with Ctrl-C")
 
     def send(self, session: str, text: str, *, agent: str | None = None) -> None:
         """Start a turn of ``session`` (of profile ``agent``, if new) and return at once.
@@ -364,12 +370,65 @@ def banner(rt: Runtime, scripted: bool) -> str:
     return "\n".join(lines)
 
 
+_INPUT = "<loopd>"
+"""The file name of what the user types at the prompt."""
+
+_OWN_CODE = tuple(
+    os.path.dirname(os.path.abspath(module.__file__ or "")) + os.sep
+    for module in (actors, messages)
+)
+
+_MISTAKES = (
+    ValueError,
+    TypeError,
+    LookupError,
+    TimeoutError,
+    NameError,
+    AttributeError,
+    StoreError,
+)
+"""What a user's slip raises: a bad id, a wrong argument, a typo, no such actor or stored
+session, a timeout."""
+
+
+def _typed(filename: str) -> bool:
+    return filename == _INPUT or filename.startswith("<ipython-input-")
+
+
+def mistake_line(exc: BaseException) -> str | None:
+    """One line for a user's mistake (``ValueError: invalid session id ...``), or None for
+    what deserves a whole traceback (a bug, or an error in code the user brought).
+
+    A mistake is one of :data:`_MISTAKES` raised by what was typed at the prompt, or inside
+    loopd's own code that it called; loopd's frames are of no use to the user then.
+    """
+    if not isinstance(exc, _MISTAKES):
+        return None
+    frames = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+    # Skip the console's own frames up to the first line the user typed: ``<loopd>`` in the
+    # plain console, ``<ipython-input-...>`` in IPython.
+    while frames and not _typed(frames[0]):
+        frames.pop(0)
+    if not frames or not all(_typed(f) or f.startswith(_OWN_CODE) for f in frames):
+        return None
+    return f"{type(exc).__name__}: {exc}"
+
+
 class _Console(code.InteractiveConsole):
-    """The standard console, reading from ``stdin`` instead of ``input()`` when one is given."""
+    """The standard console, reading from ``stdin`` instead of ``input()`` when one is given,
+    and showing a user's mistake in one line (:func:`mistake_line`)."""
 
     def __init__(self, namespace: dict[str, Any], stdin: TextIO | None) -> None:
-        super().__init__(namespace, filename="<loopd>")
+        super().__init__(namespace, filename=_INPUT)
         self._stdin = stdin
+
+    def showtraceback(self) -> None:
+        exc = sys.exc_info()[1]
+        line = mistake_line(exc) if exc is not None else None
+        if line is None:
+            super().showtraceback()
+        else:
+            self.write(line + "\n")
 
     def raw_input(self, prompt: str = "") -> str:
         if self._stdin is None:
@@ -396,20 +455,61 @@ def _enable_completion(namespace: dict[str, Any]) -> None:
         readline.parse_and_bind("tab: complete")
 
 
+def ipython_available() -> bool:
+    """True when IPython is installed (the REPL then uses it by default)."""
+    return importlib.util.find_spec("IPython") is not None
+
+
+def _run_ipython(namespace: dict[str, Any], banner_text: str) -> None:
+    """The IPython shell on ``namespace``, with a user's mistake in one line."""
+    from IPython.terminal.ipapp import TerminalIPythonApp
+    from traitlets.config import Config as ShellConfig
+
+    settings: Any = ShellConfig()
+    settings.TerminalInteractiveShell.banner1 = banner_text + "\n"
+    settings.TerminalInteractiveShell.confirm_exit = False
+    settings.TerminalIPythonApp.display_banner = True
+    settings.HistoryManager.hist_file = ":memory:"  # the REPL's lines are not kept on disk
+    namespace = {k: v for k, v in namespace.items() if k not in ("__name__", "__doc__")}
+    app: Any = TerminalIPythonApp.instance(config=settings, user_ns=namespace)
+    app.initialize(argv=[])
+    shell = app.shell
+
+    def one_line(
+        shell: Any, kind: type[BaseException], exc: BaseException, tb: Any, tb_offset: Any = None
+    ) -> None:
+        exc.__traceback__ = tb
+        line = mistake_line(exc)
+        if line is None:
+            shell.showtraceback((kind, exc, tb), tb_offset=tb_offset)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    shell.set_custom_exc(_MISTAKES, one_line)
+    app.start()
+    TerminalIPythonApp.clear_instance()
+
+
 def run_repl(
     config: Config,
     *,
     scripted: bool = False,
     stdin: TextIO | None = None,
     tools: Sequence[PortTool] = (),
+    shell: str = "auto",
 ) -> int:
     """Start a runtime on ``config`` and run the console until Ctrl-D or ``exit()``.
 
     ``scripted`` runs the demo's scripted model instead of the HTTP client; ``stdin`` feeds
     the console from a stream instead of the terminal (for tests; no readline then). The
     runtime is stopped whatever way the console ends. Returns the exit status: 0, or the
-    number given to ``exit(n)``. ``tools`` are the port's tools (``--tools``).
+    number given to ``exit(n)``. ``tools`` are the port's tools (``--tools``). ``shell`` is
+    ``"ipython"``, ``"plain"`` (the standard console) or ``"auto"``: IPython when it is
+    installed and the console reads the terminal.
     """
+    use_ipython = shell == "ipython" or (shell == "auto" and stdin is None and ipython_available())
+    if use_ipython and not ipython_available():
+        raise ValueError("--ipython: IPython is not installed (pip install ipython)")
     model = None
     if scripted:
         from actors.demo import demo_script
@@ -421,11 +521,14 @@ def run_repl(
     status = 0
     try:
         namespace = helpers.namespace()
-        if stdin is None:
-            _enable_completion(namespace)
-        console = _Console(namespace, stdin)
         try:
-            console.interact(banner=banner(rt, scripted), exitmsg="")
+            if use_ipython:
+                _run_ipython(namespace, banner(rt, scripted))
+            else:
+                if stdin is None:
+                    _enable_completion(namespace)
+                console = _Console(namespace, stdin)
+                console.interact(banner=banner(rt, scripted), exitmsg="")
         except SystemExit as exc:  # exit() / quit()
             if isinstance(exc.code, int):
                 status = exc.code

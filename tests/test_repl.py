@@ -38,7 +38,7 @@ def repl(tmp_path: Path) -> Iterator[Any]:
     env.pop("PYTHONSTARTUP", None)
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "actors.cli", "repl", "--scripted", "--home", str(tmp_path)],
+        ["-m", "actors.cli", "repl", "--plain", "--scripted", "--home", str(tmp_path)],
         cwd=str(tmp_path),
         env=env,
         encoding="utf-8",
