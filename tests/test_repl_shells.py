@@ -53,12 +53,20 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
 
 
 def run(child: Any, line: str, prompt: str) -> str:
-    """Send ``line``; what it printed before the next prompt, without the echo or colours."""
+    """Send ``line``; what it printed before the next prompt, without the echo or colours.
+
+    A terminal line editor (IPython's) may redraw the line as it is typed, so every line that
+    is the command, a piece of it, or a prompt counts as echo.
+    """
     child.sendline(line)
     child.expect(prompt)
-    out = ANSI.sub("", child.before).replace("\r\n", "\n").replace("\r", "")
-    lines = out.split("\n")
-    return "\n".join(lines[1:]).strip("\n")  # the first line is the echo
+    out = ANSI.sub("", child.before).replace("\r\n", "\n").replace("\r", "\n")
+
+    def echo(text: str) -> bool:
+        bare = re.sub(rf"^(?:{PLAIN}|{IPYTHON}|\.\.\.: )", "", text.strip()).strip()
+        return not bare or line.startswith(bare) or line in text
+
+    return "\n".join(t for t in out.split("\n") if not echo(t)).strip("\n")
 
 
 @pytest.mark.parametrize(("flag", "prompt"), [("--plain", PLAIN), ("--ipython", IPYTHON)])

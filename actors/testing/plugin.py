@@ -140,7 +140,8 @@ def loopd_runtime(
     rt = loopd_runtime(model=my_model, tools=[my_tool], memory=my_memory, clock=fixed_clock)
 
     It takes ``Runtime.start``'s keyword arguments by the same names (``model``, ``tools``,
-    ``memory``, ``clock``, ``tracer``), plus ``config`` and sections to override.
+    ``memory``, ``clock``, ``tracer``), plus ``config`` and sections to override (a dict
+    given as ``memory`` is the ``[memory]`` section).
     """
     started: list[Runtime] = []
 
@@ -149,7 +150,7 @@ def loopd_runtime(
         *,
         model: Any = None,
         tools: Iterable[PortTool] | None = None,
-        memory: MemorySource | None = None,
+        memory: MemorySource | dict[str, Any] | None = None,
         clock: Callable[[], datetime] | None = None,
         tracer: Tracer | None = None,
         config: Config | None = None,
@@ -158,6 +159,8 @@ def loopd_runtime(
     ) -> Runtime:
         if model is None and script is not None:
             model = ScriptedModel(script)
+        if isinstance(memory, dict):  # the [memory] config section, not a memory source
+            sections["memory"], memory = memory, None
         cfg = _with(config or loopd_config, sections)
         options: dict[str, Any] = {} if clock is None else {"clock": clock}
         memory = memory if memory is not None else memory_source  # the older name
