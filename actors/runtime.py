@@ -202,6 +202,8 @@ class Runtime:
         returned is a :class:`~actors.cluster.ClusterRuntime` (``tools`` go to every shard;
         ``model``, ``memory`` and ``clock`` cannot cross to other processes).
         """
+        if model is None or config.slots.total == "auto":  # both talk to the model's server
+            check_real_model(config.model.base_url)  # the test kit's switch; off by default
         if config.cluster.engine == "ray":
             if model is not None or memory is not None or clock is not _utc_now:
                 raise ValueError(
@@ -243,8 +245,6 @@ class Runtime:
         # Every child of one answer must be able to wait for the model at once.
         concurrency = max(config.model.concurrency, config.loop.max_children)
         model_config = msgspec.structs.replace(config.model, concurrency=concurrency)
-        if model is None:
-            check_real_model(config.model.base_url)  # the test kit's switch; off by default
         chat_model: ChatModel | AsyncChatModel
         if model is not None:
             chat_model = model

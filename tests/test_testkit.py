@@ -13,7 +13,7 @@ import threading
 import httpx
 import pytest
 
-from actors import Config, Directory, ModelConfig, ModelFailure, Runtime
+from actors import Config, Directory, ModelConfig, ModelFailure, Runtime, SlotsConfig
 from actors.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
@@ -261,6 +261,10 @@ def test_the_switch_makes_a_runtime_for_a_real_model_fail_loudly(tmp_path, monke
             assert rt.run_turn("s", "hi", timeout=10) == TurnCompleted("s", "fake but fine")
     with pytest.raises(RealModelForbidden):  # stopped: no longer a fake that serves
         Runtime.start(fake)
+    # slots.total = "auto" asks the server for its slots at start: a real request too.
+    auto = config.replace(slots=SlotsConfig(total="auto"))
+    with pytest.raises(RealModelForbidden):
+        Runtime.start(auto, model=ScriptedModel([]))
 
 
 def test_the_pytest_option_turns_the_switch_on(pytester: pytest.Pytester) -> None:

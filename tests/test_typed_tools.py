@@ -218,3 +218,52 @@ def test_the_older_dict_tools_keep_working(loopd_runtime) -> None:
     rt = loopd_runtime(model=model, tools=[echo, hostname])
     rt.run_turn("s", "go", timeout=WAIT)
     assert tool_texts(model.requests[2]) == ["hi", "box"]
+
+
+def test_an_async_tool_past_port_timeout_is_cancelled_and_the_turn_goes_on(loopd_runtime) -> None:
+    cancelled = threading.Event()
+    deadlines: list[float | None] = []
+
+    @port_tool
+    async def hang(ctx: ToolContext) -> str:
+        """Never answers by itself."""
+        deadlines.append(ctx.remaining())
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    model = ScriptedModel([call("hang"), reply("went on")])
+    rt = loopd_runtime(model=model, tools=[hang], port={"timeout_s": 0.3})
+    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted("s", "went on")
+    assert tool_texts(model.requests[1]) == [
+        "Error: the tool hang did not finish within port.timeout_s (0.3 s); it was told to stop"
+    ]
+    assert cancelled.wait(WAIT)  # the task itself was cancelled, not left running
+    (remaining,) = deadlines
+    assert remaining is not None and 0 < remaining <= 0.3
+
+
+def test_cancelling_the_turn_cancels_its_async_tool(loopd_runtime) -> None:
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    @port_tool
+    async def crawl(url: str) -> str:
+        """Crawl a site, slowly."""
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    model = ScriptedModel([call("crawl", url="http://example.test")])
+    rt = loopd_runtime(model=model, tools=[crawl])
+    rt.send_turn("s", "go")
+    assert started.wait(WAIT)
+    assert rt.cancel("s") == ("s",)
+    assert cancelled.wait(WAIT)
