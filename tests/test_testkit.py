@@ -334,3 +334,19 @@ def test_a_bad_script_file_is_refused_with_its_place(tmp_path) -> None:
     )
     assert done.returncode == 2
     assert "is not valid" in done.stderr and "nme" in done.stderr
+
+
+def test_watch_sees_a_session_actor_stop(loopd_runtime) -> None:
+    from actors.directory import session_address
+
+    rt = loopd_runtime([reply("hi")])
+    assert rt.run_turn("s", "hello", timeout=10) == TurnCompleted("s", "hi")
+    session = rt.directory.get(session_address("s"))
+    watcher = Probe.start()
+    try:
+        watcher.watch(session)
+        watcher.expect_none(within=0.1)
+        rt.stop()
+        assert watcher.expect(Terminated(session)).ref is session
+    finally:
+        watcher.stop()
