@@ -175,8 +175,8 @@ class OtelTracer:
         span.set_attribute(
             "gen_ai.response.finish_reasons", ["tool_calls" if event.tools else "stop"]
         )
-        usage = getattr(event, "usage", None)  # reported by servers that count tokens
-        if usage is not None:
+        usage = event.usage
+        if usage.requests:  # the server reported the tokens (requests is 0 when it did not)
             span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
         span.end()

@@ -161,3 +161,35 @@ def test_without_opentelemetry_nothing_of_it_is_imported(tmp_path: Path) -> None
 def test_with_opentelemetry_installed_the_default_tracer_is_otels(loopd_runtime) -> None:
     rt = loopd_runtime([reply("ok")])
     assert isinstance(rt.tracer, OtelTracer)
+
+
+def test_a_chat_span_carries_the_tokens_the_server_reported(loopd_runtime, loopd_config, spans):
+    import json
+
+    from actors.testing import ChatServer, RawResponse
+
+    provider, exporter = spans
+    body = {
+        "id": "c1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 42, "completion_tokens": 7, "total_tokens": 49},
+    }
+    raw = RawResponse(body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with ChatServer([raw]) as server:
+        model = ModelConfig(base_url=server.base_url, name="m")
+        rt = loopd_runtime(
+            config=loopd_config.replace(model=model), tracer=OtelTracer(tracer_provider=provider)
+        )
+        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted("s", "hi")
+        rt.stop()
+    chat = by_name(exporter.get_finished_spans())["chat m"]
+    assert chat.attributes["gen_ai.usage.input_tokens"] == 42
+    assert chat.attributes["gen_ai.usage.output_tokens"] == 7
+    assert chat.attributes["gen_ai.response.finish_reasons"] == ("stop",)
