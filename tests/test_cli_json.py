@@ -79,7 +79,12 @@ def test_run_json_prints_the_outcome_and_the_events_as_json_lines(tmp_path: Path
         done = loopd(tmp_path, "run", "--base-url", server.base_url, "--json", "2+2?")
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.splitlines()
-    assert json.loads(line) == {"type": "TurnCompleted", "session": "main", "content": "four"}
+    assert json.loads(line) == {
+        "type": "TurnCompleted",
+        "session": "main",
+        "content": "four",
+        "truncated": False,
+    }
     events = [msgspec.json.decode(e, type=TurnEvent) for e in done.stderr.splitlines()]
     assert type(events[0]).__name__ == "TurnStarted"
     assert type(events[-1]).__name__ == "TurnEnded" and events[-1].completed
