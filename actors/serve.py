@@ -10,14 +10,14 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 import msgspec
 
 from actors.config import Config
 from actors.port import PortTool
-from actors.render import render_event
+from actors.render import EventPrinter, render_event
 from actors.runtime import Runtime
 from messages import TurnEvent
 
@@ -38,6 +38,21 @@ class _LineWriter:
         self.stream = stream
         self.lock = threading.Lock()
         self.broken = False
+
+    def printer(self) -> Callable[[TurnEvent], None]:
+        """The CLI's event printer (a streamed answer's pieces on one line) on this stream."""
+        printer = EventPrinter(self.stream)
+
+        def show(event: TurnEvent) -> None:
+            with self.lock:
+                if self.broken:
+                    return
+                try:
+                    printer(event)
+                except (BrokenPipeError, ValueError):  # a reader that went away
+                    self.broken = True
+
+        return show
 
     def write(self, line: str) -> None:
         with self.lock:
@@ -67,7 +82,10 @@ def serve(
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         with Runtime.start(config, tools=tools) as rt:
-            rt.subscribe(lambda event: writer.write(event_line(event, json_lines)))
+            if json_lines:
+                rt.subscribe(lambda event: writer.write(event_line(event, True)))
+            else:
+                rt.subscribe(writer.printer())
             jobs = len(config.cron) + (1 if config.heartbeat else 0)
             print(
                 f"loopd serve: running on {config.home} with {jobs} scheduled job(s); "
