@@ -187,7 +187,8 @@ def test_a_chat_span_carries_the_tokens_the_server_reported(loopd_runtime, loopd
         rt = loopd_runtime(
             config=loopd_config.replace(model=model), tracer=OtelTracer(tracer_provider=provider)
         )
-        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted("s", "hi")
+        outcome = rt.run_turn("s", "hello", timeout=WAIT)
+        assert isinstance(outcome, TurnCompleted) and outcome.content == "hi"
         rt.stop()
     chat = by_name(exporter.get_finished_spans())["chat m"]
     assert chat.attributes["gen_ai.usage.input_tokens"] == 42
