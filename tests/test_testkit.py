@@ -150,41 +150,76 @@ def test_leaves_a_model_request_in_flight(chat_server, loopd_runtime, loopd_conf
 """
 
 
-STUCK_ACTOR = """
-import threading
+USERS_ACTOR = """
+import pathlib
 
 import pykka
 
+
+class Users(pykka.ThreadingActor):
+    use_daemon_thread = True  # the suite's own choice: it leaves this actor running
+
+    def __init__(self, marker):
+        super().__init__()
+        self.marker = marker
+
+    def on_stop(self):
+        self.marker.write_text("stopped by someone")
+
+
+def test_leaves_its_own_actor_running(tmp_path_factory):
+    marker = tmp_path_factory.getbasetemp() / "users-actor-stopped"
+    Users.start(marker)
+"""
+
+
+STUCK_TOOL = """
+import threading
+
+from actors import port_tool
+from actors.testing import call, reply
+
+started = threading.Event()
 release = threading.Event()
 
 
-class Stuck(pykka.ThreadingActor):
-    def on_receive(self, message):
-        release.wait(30)  # busy past the kit's deadline; let go at interpreter exit
+@port_tool("block", "Blocks until the run ends.")
+def block(args):
+    started.set()
+    release.wait(30)  # deaf to its cancel: busy past the kit's deadline
+    return "done"
 
 
-def test_leaves_a_busy_actor(request):
-    ref = Stuck.start()
-    ref.tell("work")
+def test_leaves_a_tool_running(request, loopd_runtime):
     request.config.add_cleanup(release.set)  # after the plugin's sessionfinish
+    rt = loopd_runtime([call("block"), reply("ok")], tools=[block])
+    rt.send_turn("s", "go")
+    assert started.wait(10)
 """
 
 
 def test_a_run_whose_tests_leave_work_in_flight_exits_0_and_warns(
     pytester: pytest.Pytester,
 ) -> None:
-    # One run, two tests: one leaves a model request on a server that never answers, the other
-    # an actor busy past the kit's deadline. Both pass, and so does the run.
-    pytester.makepyfile(test_in_flight=IN_FLIGHT, test_stuck=STUCK_ACTOR)
+    # One run, three tests: one leaves a model request on a server that never answers, one a
+    # port tool busy past the kit's deadline, one an actor of the suite's own. All pass, and
+    # so does the run; the kit warns about its own runtime's stuck worker and nothing else,
+    # and leaves the suite's own actor alone.
+    pytester.makepyfile(test_in_flight=IN_FLIGHT, test_stuck=STUCK_TOOL, test_users=USERS_ACTOR)
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-o", "loopd_stop_timeout=0.5", timeout=60
     )
     assert result.ret == 0, result.stdout.str()
-    assert result.parseoutcomes()["passed"] == 2
+    assert result.parseoutcomes()["passed"] == 3
     result.stdout.fnmatch_lines(
-        ["*LoopdCleanupWarning: loopd's test kit could not stop * actor(s) within 0.5 s*Stuck*"]
+        [
+            "*LoopdCleanupWarning: loopd's test kit could not stop 1 actor(s) of its fixtures"
+            " within 0.5 s*(PoolWorker)*"
+        ]
     )
+    assert "Users" not in result.stdout.str()
     assert "Timeout" not in result.stdout.str() + result.stderr.str()
+    assert not any(pytester.path.rglob("users-actor-stopped"))
 
 
 # --- the kit's newer helpers: exact expectations, within, watch, assert_complete, the switch ---

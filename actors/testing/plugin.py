@@ -79,15 +79,35 @@ def _warn(text: str) -> None:
     warnings.warn(LoopdCleanupWarning(text), stacklevel=2)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop every actor still running, so a failed test cannot keep the process alive.
+_left_behind: list[pykka.ActorRef[Any]] = []
+"""Actors of the kit's own runtimes and probes that were still alive after their fixture
+stopped them: the only actors the kit stops again at the end of the run."""
 
-    pykka's actor threads are not daemons: one left behind by a test that failed half-way would
-    make the interpreter wait for it forever after the last test. Every actor is told to stop at
-    once and all are waited for together, within :data:`STOP_TIMEOUT_S`; what is still running
-    then is reported as a warning, never as an error: the kit does not fail a run by itself.
+
+def _runtime_actors(rt: Runtime) -> list[pykka.ActorRef[Any]]:
+    """The actors of ``rt`` still in pykka's registry: its own refs, and every actor that
+    answers at its directory (sessions, the Context, pool workers, the store)."""
+    own = set(rt._refs.values())
+    found = []
+    for ref in pykka.ActorRegistry.get_all():
+        actor = ref._actor_weakref()
+        env = getattr(actor, "env", None)
+        directory = getattr(actor, "directory", None) or getattr(env, "directory", None)
+        if ref in own or directory is rt.directory:
+            found.append(ref)
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop what the kit's own fixtures started and could not stop when their test ended.
+
+    Only those: a test suite's own actors, and runtimes a test started by itself, are the
+    suite's business. They are told to stop at once and waited for together, within the
+    ``loopd_stop_timeout``; what is still running then is reported as a warning, never as an
+    error: the kit does not fail a run by itself.
     """
-    left = pykka.ActorRegistry.get_all()
+    left = [ref for ref in _left_behind if ref.is_alive()]
+    _left_behind.clear()
     if not left:
         return
     stopping = []
@@ -109,9 +129,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if stuck:
         names = ", ".join(sorted({ref.actor_class.__name__ for ref in stuck}))
         _warn(
-            f"loopd's test kit could not stop {len(stuck)} actor(s) within {limit} s "
-            f"at the end of the run ({names}): a test left work in flight, such as a model "
-            "request that the server never answered"
+            f"loopd's test kit could not stop {len(stuck)} actor(s) of its fixtures within "
+            f"{limit} s at the end of the run ({names}): a test left work in flight, such as "
+            "a tool that never returns"
         )
 
 
@@ -174,6 +194,7 @@ def loopd_runtime(
             rt.stop(timeout=_stop_timeout(pytestconfig))
         except Exception as exc:  # reported, not raised: the test itself decides pass or fail
             _warn(f"loopd's test kit could not stop a runtime: {type(exc).__name__}: {exc}")
+        _left_behind.extend(_runtime_actors(rt))
 
 
 @pytest.fixture
@@ -205,4 +226,9 @@ def probe() -> Iterator[Callable[..., Probe]]:
 
     yield start
     for p in probes:
-        p.stop()
+        try:
+            p.stop()
+        except Exception as exc:  # reported, not raised, like a runtime that will not stop
+            _warn(f"loopd's test kit could not stop a probe: {type(exc).__name__}: {exc}")
+        if p.ref.is_alive():
+            _left_behind.append(p.ref)
