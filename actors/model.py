@@ -568,47 +568,60 @@ def answer_too_large(cap: int) -> str:
 
 
 class _Connections:
-    """One loop's HTTP connections: each an ``httpx.AsyncClient`` of one connection, lent to
-    one attempt at a time.
+    """One loop's HTTP connections: each an ``httpx.AsyncHTTPTransport`` of one connection,
+    lent to one attempt at a time.
 
     httpcore's own pool, when a burst of requests meets its idle keep-alive connections,
     assigns several requests to the same idle connection; all but one then retry, and each
-    retry scans the whole pool again (512 requests over 8 clients of 64 took 8 s of CPU).
-    Lending whole one-connection clients from a free list makes a burst cost O(1) per request.
-    The most recently returned client is lent first (its connection is the warmest), and at
-    most ``keep`` idle clients are kept: the rest are closed when they come back.
+    retry scans the whole pool again (512 requests over 8 pools of 64 took 8 s of CPU).
+    Lending one-connection transports from a free list makes a burst cost O(1) per request.
+    The most recently returned one is lent first (its connection is the warmest), and at most
+    ``keep`` idle ones are kept: the rest are closed when they come back. A ``shared``
+    transport (tests) is lent to every attempt at once and closed only by :meth:`close`.
     """
 
-    def __init__(self, new: Callable[[], httpx.AsyncClient], keep: int) -> None:
+    def __init__(
+        self,
+        new: Callable[[], httpx.AsyncBaseTransport],
+        keep: int,
+        shared: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self._new = new
         self._keep = keep
-        self._idle: list[httpx.AsyncClient] = []
-        self._lent: set[httpx.AsyncClient] = set()
+        self._shared = shared
+        self._idle: list[httpx.AsyncBaseTransport] = []
+        self._lent: set[httpx.AsyncBaseTransport] = set()
         self._closed = False
 
-    def take(self) -> httpx.AsyncClient:
-        """An idle client, or a new one."""
-        client = self._idle.pop() if self._idle else self._new()
-        self._lent.add(client)
-        return client
+    def take(self) -> httpx.AsyncBaseTransport:
+        """An idle transport, or a new one."""
+        if self._shared is not None:
+            return self._shared
+        transport = self._idle.pop() if self._idle else self._new()
+        self._lent.add(transport)
+        return transport
 
-    def give(self, client: httpx.AsyncClient) -> None:
-        """Take ``client`` back; closed (in the background) if enough are idle already."""
-        self._lent.discard(client)
-        if not self._closed and len(self._idle) < self._keep:
-            self._idle.append(client)
+    def give(self, transport: httpx.AsyncBaseTransport) -> None:
+        """Take ``transport`` back; closed (in the background) if enough are idle already."""
+        if transport is self._shared:
             return
-        task = asyncio.get_running_loop().create_task(client.aclose())
+        self._lent.discard(transport)
+        if not self._closed and len(self._idle) < self._keep:
+            self._idle.append(transport)
+            return
+        task = asyncio.get_running_loop().create_task(transport.aclose())
         _closing.add(task)
         task.add_done_callback(_closing.discard)
 
-    def close(self) -> list[httpx.AsyncClient]:
-        """Every client, lent or idle, for the caller to close; later returns are closed."""
+    def close(self) -> list[httpx.AsyncBaseTransport]:
+        """Every transport, lent or idle, for the caller to close; later returns are closed."""
         self._closed = True
-        clients = [*self._idle, *self._lent]
+        transports = [*self._idle, *self._lent]
+        if self._shared is not None:
+            transports.append(self._shared)
         self._idle.clear()
         self._lent.clear()
-        return clients
+        return transports
 
 
 # Closes started by _Connections.give, kept until done (a task nobody holds may be collected).
@@ -619,12 +632,13 @@ class HttpChatModel:
     """A :class:`ChatModel` and :class:`AsyncChatModel` over HTTP, to any OpenAI-compatible
     server.
 
-    :meth:`acomplete` is a coroutine of the loop that awaits it, on an ``httpx.AsyncClient`` of
-    that loop: cancelling its task closes the connection, which is what makes llama.cpp stop
-    generating. :meth:`complete` is the same for a caller in a plain thread. Each attempt has a
-    deadline of ``timeout_s`` from connect to the last byte, whatever the server's pace, and
-    reads at most ``max_answer_bytes``. A failure a retry can help is retried up to
-    ``retries`` times.
+    :meth:`acomplete` is a coroutine of the loop that awaits it, on a connection of that
+    loop (an ``httpx`` transport: the client layer's redirects, cookies and auth are not
+    needed, and cost a third of a request's CPU): cancelling its task closes the connection,
+    which is what makes llama.cpp stop generating. :meth:`complete` is the same for a caller in
+    a plain thread. Each attempt has a deadline of ``timeout_s`` from connect to the last byte,
+    whatever the server's pace, and reads at most ``max_answer_bytes``. A failure a retry can
+    help is retried up to ``retries`` times.
     """
 
     uses_slots = True
@@ -645,6 +659,7 @@ class HttpChatModel:
         """
         self._config = config
         self._url = config.base_url.rstrip("/") + "/chat/completions"
+        self._http_url = httpx.URL(self._url)
         self._headers = {"Content-Type": "application/json"}
         api_key = config.api_key()
         if api_key:
@@ -689,9 +704,9 @@ class HttpChatModel:
         attempt = 0
         while True:
             connections = self._connections_here()
-            client = connections.take()
+            transport = connections.take()
             try:
-                return await self._attempt(client, request, content, on_text)
+                return await self._attempt(transport, request, content, on_text)
             except asyncio.CancelledError:
                 if self._closed:
                     raise ModelFailure("the model client was closed during the request") from None
@@ -712,7 +727,7 @@ class HttpChatModel:
                 if failed.cut:  # the server may still work on it: let it notice first
                     delay = max(delay, self._config.disconnect_grace_s)
             finally:
-                connections.give(client)
+                connections.give(transport)
             try:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
@@ -725,20 +740,27 @@ class HttpChatModel:
 
     async def _attempt(
         self,
-        client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         request: ModelRequest,
         content: bytes,
         on_text: Callable[[str], None] | None = None,
     ) -> ModelAnswer:
         cap = self._config.max_answer_bytes
         try:
-            async with (
-                asyncio.timeout(self._config.timeout_s),
-                client.stream("POST", self._url, content=content) as response,
-            ):
-                if request.options.stream and response.is_success:
-                    return await _read_stream(response, request, cap, on_text)
-                body = await _read_capped(response, cap)
+            # The deadline is asyncio.timeout's, around the whole attempt; httpx's own timeouts
+            # per read would only add work to every request.
+            async with asyncio.timeout(self._config.timeout_s):
+                http_request = httpx.Request(
+                    "POST", self._http_url, headers=self._headers, content=content
+                )
+                response = await transport.handle_async_request(http_request)
+                try:
+                    if request.options.stream and response.is_success:
+                        return await _read_stream(response, request, cap, on_text)
+                    body = await _read_capped(response, cap)
+                finally:
+                    # Closing a response not read to its end closes its connection.
+                    await response.aclose()
         except TimeoutError as exc:
             raise _Failed(self._timed_out(), retry=True, cut=True, error=exc) from None
         except _TooLarge:
@@ -774,16 +796,12 @@ class HttpChatModel:
                     self._tls = httpx.create_ssl_context()
                 connections = self._clients[loop] = _Connections(
                     functools.partial(
-                        httpx.AsyncClient,
-                        headers=self._headers,
-                        # The deadline is asyncio.timeout's, around the whole attempt; httpx's
-                        # own timeouts per read would only add work to every request.
-                        timeout=None,
+                        httpx.AsyncHTTPTransport,
                         verify=self._tls,
                         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-                        transport=self._transport,
                     ),
                     keep=self._connections,
+                    shared=self._transport,
                 )
             return connections
 
@@ -802,8 +820,8 @@ class HttpChatModel:
         """Close the connections of the running loop."""
         with self._lock:
             connections = self._clients.pop(asyncio.get_running_loop(), None)
-        for client in connections.close() if connections is not None else []:
-            await client.aclose()
+        for transport in connections.close() if connections is not None else []:
+            await transport.aclose()
 
     # Sync.
 
@@ -847,10 +865,10 @@ class HttpChatModel:
             with contextlib.suppress(RuntimeError):  # that loop has just ended
                 loop.call_soon_threadsafe(task.cancel)
         for loop, held in clients.items():
-            for client in held.close():
+            for transport in held.close():
                 if not loop.is_closed() and loop.is_running():
                     with contextlib.suppress(RuntimeError):
-                        asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                        asyncio.run_coroutine_threadsafe(transport.aclose(), loop)
 
 
 def props_url(base_url: str) -> str:
