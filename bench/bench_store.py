@@ -2,7 +2,8 @@
 
 Run: python bench/bench_store.py [--quick] (about 2 minutes; --quick about 20 s). Every figure
 is a ratio of two things measured in the same run, so the machine's speed cancels out; each is
-the median of three interleaved repeats, since the machine may be shared:
+the median of interleaved repeats (five for the child cost, three for group commit), since the
+machine may be shared:
 
 - per-child cost / the plain-pykka floor, on tmpfs (/dev/shm): what loopd adds to a child
   (hold, baseline, one store request to create it, its turn, the answer routed back) against
@@ -111,7 +112,10 @@ def loopd_turns(home: str, width: int, tool: str, rounds: int) -> float:
     """Median seconds of a turn whose one answer calls ``tool`` ``width`` times."""
     config = Config(home=home, loop=LoopConfig(max_children=width, max_children_total=width))
     times = []
-    with Runtime.start(config, model=ScriptedModel(fan_out(width, tool))) as rt:
+    # The script never blocks, so it answers on the model service's loop, as the HTTP client
+    # does (a blocking script would run on a thread of the service's pool, a hop each way).
+    model = ScriptedModel(fan_out(width, tool), blocking=False)
+    with Runtime.start(config, model=model) as rt:
         for i in range(rounds + 1):
             start = time.perf_counter()
             outcome = rt.run_turn(f"{tool}{i}", "go", timeout=120)
@@ -202,7 +206,9 @@ def main() -> None:
     args = parser.parse_args()
     rounds, seconds, repeats = (3, 1.0, 1) if args.quick else (10, 3.0, 3)
     for width in (1, 8, 32):
-        bench_child_cost(width, rounds, repeats)
+        # At least 200 children a side per repeat: a turn of one child is a few milliseconds,
+        # and ten of them said more about the machine's other jobs than about the child.
+        bench_child_cost(width, rounds if args.quick else max(rounds, 200 // width), repeats + 2)
     for sessions in (8, 64, 256):
         bench_group_commit(sessions, seconds, repeats)
 
