@@ -17,6 +17,7 @@ Nothing here is asserted; the figures and the targets are in docs/performance.md
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import tempfile
@@ -130,10 +131,16 @@ def bench_child_cost(width: int, rounds: int, repeats: int) -> None:
     costs, floors = [], []
     for _ in range(repeats):
         with home_on(TMPFS) as home:
+            # Each side starts with the garbage of the one before collected, so a collection
+            # of loopd's garbage does not land on the floor's clock (it did: 0.2 ms per child
+            # some repeats, 0.9 ms others).
+            gc.collect()
             floors.append(pykka_floor(width, rounds * 3))
+            gc.collect()
             with_children = loopd_turns(home + "c", width, "subagent", rounds)
             # The same turn with a local tool in each child's place: what the children add is
             # the difference, so the parent's own requests and commits do not count for them.
+            gc.collect()
             with_clock = loopd_turns(home + "t", width, "clock", rounds)
         costs.append((with_children - with_clock) / width)
     ratio = statistics.median(c / f for c, f in zip(costs, floors, strict=True))
