@@ -754,6 +754,7 @@ class HttpChatModel:
                     "POST", self._http_url, headers=self._headers, content=content
                 )
                 response = await transport.handle_async_request(http_request)
+                response.request = http_request  # as the client layer does: response.url
                 try:
                     if request.options.stream and response.is_success:
                         return await _read_stream(response, request, cap, on_text)
