@@ -120,12 +120,16 @@ class HoldTable:
 
     def __init__(self) -> None:
         self._holds: dict[str, Hold] = {}
+        # Counted as holds come and go: every spawn asks, and counting the table each time
+        # is quadratic in a wide fan-out.
+        self._children = 0
 
     def hold(self, hold: Hold) -> bool:
         """Hold ``hold.session``; False (BUSY) if it is held already."""
         if hold.session in self._holds:
             return False
         self._holds[hold.session] = hold
+        self._children += hold.is_child
         return True
 
     def get(self, session: str) -> Hold | None:
@@ -134,7 +138,10 @@ class HoldTable:
 
     def release(self, session: str) -> Hold | None:
         """Let ``session`` go; returns the hold it had, if any."""
-        return self._holds.pop(session, None)
+        hold = self._holds.pop(session, None)
+        if hold is not None:
+            self._children -= hold.is_child
+        return hold
 
     def held(self) -> tuple[str, ...]:
         """Every held id, sorted."""
@@ -146,11 +153,12 @@ class HoldTable:
 
     def children(self) -> int:
         """How many children's turns are held."""
-        return sum(1 for hold in self._holds.values() if hold.is_child)
+        return self._children
 
     def drain(self) -> list[Hold]:
         """Release everything; returns what was held."""
         holds, self._holds = list(self._holds.values()), {}
+        self._children = 0
         return holds
 
 

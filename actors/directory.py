@@ -66,8 +66,9 @@ class Directory:
 
     def get(self, address: str) -> Mailbox | None:
         """The mailbox at ``address``, or None."""
-        with self._lock:
-            return self._entries.get(address)
+        # No lock: one dict lookup is atomic under the GIL, and every message told takes
+        # this path (the writers still lock, so they never interleave).
+        return self._entries.get(address)
 
     def addresses(self) -> list[str]:
         """Every address in use, sorted."""

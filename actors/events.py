@@ -11,7 +11,7 @@ import pykka
 
 from messages import TurnEvent
 
-__all__ = ["EventBus", "Subscribers"]
+__all__ = ["EventBus", "EventSink", "Subscribers"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ class Subscribers:
 
         return remove
 
+    def any(self) -> bool:
+        """Whether anyone subscribes now (no lock: a list's length is read atomically)."""
+        return bool(self._items)
+
     def snapshot(self) -> list[Subscriber]:
         """The subscribers now, as a list that later changes do not touch."""
         with self._lock:
@@ -61,3 +65,23 @@ class EventBus(pykka.ThreadingActor):
                 fn(message)
             except Exception:
                 log.exception("event subscriber %r failed on %s", fn, type(message).__name__)
+
+
+class EventSink:
+    """What stands at the ``events`` address: it hands each event to the :class:`EventBus`
+    while anyone subscribes, and drops it at once otherwise.
+
+    A turn emits about eight events per model request; with nobody to call, telling each to
+    the bus's thread was a thread handoff and a wake-up apiece for nothing. An event emitted
+    before the first subscriber subscribes is not seen by it, as before (the bus calls the
+    subscribers there are when it handles the event).
+    """
+
+    def __init__(self, bus: pykka.ActorRef[Any], subscribers: Subscribers) -> None:
+        self.bus = bus
+        self.subscribers = subscribers
+
+    def tell(self, message: Any) -> None:
+        """Hand ``message`` to the bus if anyone subscribes."""
+        if self.subscribers.any():
+            self.bus.tell(message)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import functools
 import random
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,13 +56,9 @@ __all__ = [
     "retry_delay",
 ]
 
-# At least this many requests may be in flight on one loop at once (more if the configured
-# concurrency asks for it), so requests never queue on the connection pool.
+# At least this many idle keep-alive connections are kept per loop (more if the configured
+# concurrency asks for it).
 _MIN_CONNECTIONS = 64
-# Connections per httpx client. httpcore's pool scans every connection on each request and
-# each close, so 512 connections in one pool cost more CPU than the HTTP itself; more
-# connections are spread over several clients.
-_CONNECTIONS_PER_CLIENT = 64
 
 # How much of a server's error message goes into the failure message: enough for any real one.
 _ERROR_MESSAGE_CHARS = 1000
@@ -570,16 +567,78 @@ def answer_too_large(cap: int) -> str:
     return f"the model's answer was larger than model.max_answer_bytes ({cap} bytes)"
 
 
+class _Connections:
+    """One loop's HTTP connections: each an ``httpx.AsyncHTTPTransport`` of one connection,
+    lent to one attempt at a time.
+
+    httpcore's own pool, when a burst of requests meets its idle keep-alive connections,
+    assigns several requests to the same idle connection; all but one then retry, and each
+    retry scans the whole pool again (512 requests over 8 pools of 64 took 8 s of CPU).
+    Lending one-connection transports from a free list makes a burst cost O(1) per request.
+    The most recently returned one is lent first (its connection is the warmest), and at most
+    ``keep`` idle ones are kept: the rest are closed when they come back. A ``shared``
+    transport (tests) is lent to every attempt at once and closed only by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        new: Callable[[], httpx.AsyncBaseTransport],
+        keep: int,
+        shared: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._new = new
+        self._keep = keep
+        self._shared = shared
+        self._idle: list[httpx.AsyncBaseTransport] = []
+        self._lent: set[httpx.AsyncBaseTransport] = set()
+        self._closed = False
+
+    def take(self) -> httpx.AsyncBaseTransport:
+        """An idle transport, or a new one."""
+        if self._shared is not None:
+            return self._shared
+        transport = self._idle.pop() if self._idle else self._new()
+        self._lent.add(transport)
+        return transport
+
+    def give(self, transport: httpx.AsyncBaseTransport) -> None:
+        """Take ``transport`` back; closed (in the background) if enough are idle already."""
+        if transport is self._shared:
+            return
+        self._lent.discard(transport)
+        if not self._closed and len(self._idle) < self._keep:
+            self._idle.append(transport)
+            return
+        task = asyncio.get_running_loop().create_task(transport.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    def close(self) -> list[httpx.AsyncBaseTransport]:
+        """Every transport, lent or idle, for the caller to close; later returns are closed."""
+        self._closed = True
+        transports = [*self._idle, *self._lent]
+        if self._shared is not None:
+            transports.append(self._shared)
+        self._idle.clear()
+        self._lent.clear()
+        return transports
+
+
+# Closes started by _Connections.give, kept until done (a task nobody holds may be collected).
+_closing: set[asyncio.Task[None]] = set()
+
+
 class HttpChatModel:
     """A :class:`ChatModel` and :class:`AsyncChatModel` over HTTP, to any OpenAI-compatible
     server.
 
-    :meth:`acomplete` is a coroutine of the loop that awaits it, on an ``httpx.AsyncClient`` of
-    that loop: cancelling its task closes the connection, which is what makes llama.cpp stop
-    generating. :meth:`complete` is the same for a caller in a plain thread. Each attempt has a
-    deadline of ``timeout_s`` from connect to the last byte, whatever the server's pace, and
-    reads at most ``max_answer_bytes``. A failure a retry can help is retried up to
-    ``retries`` times.
+    :meth:`acomplete` is a coroutine of the loop that awaits it, on a connection of that
+    loop (an ``httpx`` transport: the client layer's redirects, cookies and auth are not
+    needed, and cost a third of a request's CPU): cancelling its task closes the connection,
+    which is what makes llama.cpp stop generating. :meth:`complete` is the same for a caller in
+    a plain thread. Each attempt has a deadline of ``timeout_s`` from connect to the last byte,
+    whatever the server's pace, and reads at most ``max_answer_bytes``. A failure a retry can
+    help is retried up to ``retries`` times.
     """
 
     uses_slots = True
@@ -594,11 +653,13 @@ class HttpChatModel:
     ):
         """Connect lazily to ``config.base_url``; ``transport`` replaces the network (tests).
 
-        ``connections`` is the size of each loop's connection pool (default: at least 64, and
-        at least ``config.concurrency``), so requests never queue inside the client.
+        ``connections`` is how many idle keep-alive connections each loop keeps (default: at
+        least 64, and at least ``config.concurrency``). A request never queues inside the
+        client: each attempt takes an idle connection or opens a new one.
         """
         self._config = config
         self._url = config.base_url.rstrip("/") + "/chat/completions"
+        self._http_url = httpx.URL(self._url)
         self._headers = {"Content-Type": "application/json"}
         api_key = config.api_key()
         if api_key:
@@ -607,8 +668,9 @@ class HttpChatModel:
         self._transport = transport
         self._lock = threading.Lock()
         self._closed = False
-        self._clients: dict[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = {}
-        self._turn = itertools.count()
+        self._clients: dict[asyncio.AbstractEventLoop, _Connections] = {}
+        # One TLS context for all connections: each costs a read of the CA bundle (~0.1 s).
+        self._tls: ssl.SSLContext | None = None
         # complete() calls in flight, each a task on a loop of its own: close() cancels them.
         self._calls: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
 
@@ -641,9 +703,10 @@ class HttpChatModel:
             raise ModelFailure(f"cannot send the request to the model: {exc}") from exc
         attempt = 0
         while True:
-            client = self._client()
+            connections = self._connections_here()
+            transport = connections.take()
             try:
-                return await self._attempt(client, request, content, on_text)
+                return await self._attempt(transport, request, content, on_text)
             except asyncio.CancelledError:
                 if self._closed:
                     raise ModelFailure("the model client was closed during the request") from None
@@ -663,6 +726,8 @@ class HttpChatModel:
                 delay = retry_delay(attempt, failed.headers, self._config)
                 if failed.cut:  # the server may still work on it: let it notice first
                     delay = max(delay, self._config.disconnect_grace_s)
+            finally:
+                connections.give(transport)
             try:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
@@ -675,20 +740,28 @@ class HttpChatModel:
 
     async def _attempt(
         self,
-        client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         request: ModelRequest,
         content: bytes,
         on_text: Callable[[str], None] | None = None,
     ) -> ModelAnswer:
         cap = self._config.max_answer_bytes
         try:
-            async with (
-                asyncio.timeout(self._config.timeout_s),
-                client.stream("POST", self._url, content=content) as response,
-            ):
-                if request.options.stream and response.is_success:
-                    return await _read_stream(response, request, cap, on_text)
-                body = await _read_capped(response, cap)
+            # The deadline is asyncio.timeout's, around the whole attempt; httpx's own timeouts
+            # per read would only add work to every request.
+            async with asyncio.timeout(self._config.timeout_s):
+                http_request = httpx.Request(
+                    "POST", self._http_url, headers=self._headers, content=content
+                )
+                response = await transport.handle_async_request(http_request)
+                response.request = http_request  # as the client layer does: response.url
+                try:
+                    if request.options.stream and response.is_success:
+                        return await _read_stream(response, request, cap, on_text)
+                    body = await _read_capped(response, cap)
+                finally:
+                    # Closing a response not read to its end closes its connection.
+                    await response.aclose()
         except TimeoutError as exc:
             raise _Failed(self._timed_out(), retry=True, cut=True, error=exc) from None
         except _TooLarge:
@@ -713,31 +786,25 @@ class HttpChatModel:
             context_tokens=failure.context_tokens,
         )
 
-    def _client(self) -> httpx.AsyncClient:
+    def _connections_here(self) -> _Connections:
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._closed:
                 raise ModelFailure("the model client is closed")
-            clients = self._clients.get(loop)
-            if clients is None:
-                count = -(-self._connections // _CONNECTIONS_PER_CLIENT)
-                n = -(-self._connections // count)
-                # One TLS context for all: each costs a read of the CA bundle (~0.1 s).
-                tls = httpx.create_ssl_context()
-                clients = [
-                    httpx.AsyncClient(
-                        headers=self._headers,
-                        # The deadline is asyncio.timeout's, around the whole attempt; httpx's
-                        # own timeouts per read would only add work to every request.
-                        timeout=None,
-                        verify=tls,
-                        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                        transport=self._transport,
-                    )
-                    for _ in range(count)
-                ]
-                self._clients[loop] = clients
-            return clients[next(self._turn) % len(clients)]
+            connections = self._clients.get(loop)
+            if connections is None:
+                if self._tls is None:
+                    self._tls = httpx.create_ssl_context()
+                connections = self._clients[loop] = _Connections(
+                    functools.partial(
+                        httpx.AsyncHTTPTransport,
+                        verify=self._tls,
+                        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                    ),
+                    keep=self._connections,
+                    shared=self._transport,
+                )
+            return connections
 
     def _timed_out(self) -> str:
         return f"the model at {self._url} did not answer within {self._config.timeout_s:g} s"
@@ -753,9 +820,9 @@ class HttpChatModel:
     async def aclose(self) -> None:
         """Close the connections of the running loop."""
         with self._lock:
-            clients = self._clients.pop(asyncio.get_running_loop(), [])
-        for client in clients:
-            await client.aclose()
+            connections = self._clients.pop(asyncio.get_running_loop(), None)
+        for transport in connections.close() if connections is not None else []:
+            await transport.aclose()
 
     # Sync.
 
@@ -799,10 +866,10 @@ class HttpChatModel:
             with contextlib.suppress(RuntimeError):  # that loop has just ended
                 loop.call_soon_threadsafe(task.cancel)
         for loop, held in clients.items():
-            for client in held:
+            for transport in held.close():
                 if not loop.is_closed() and loop.is_running():
                     with contextlib.suppress(RuntimeError):
-                        asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                        asyncio.run_coroutine_threadsafe(transport.aclose(), loop)
 
 
 def props_url(base_url: str) -> str:

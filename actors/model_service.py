@@ -8,7 +8,8 @@ each :class:`~messages.ModelRequest` it starts a task that
    (preferring the slot the session used last), waiting while all are busy;
 2. takes one of ``concurrency`` permits (the bound on requests in flight);
 3. runs the request: an async model's ``acomplete`` on the loop itself, a sync model's
-   ``complete`` on a bounded pool of daemon threads;
+   ``complete`` on a bounded pool of daemon threads (on the loop too if the model's
+   ``blocking`` attribute is False);
 4. tells the :class:`~messages.ModelAnswer` (with its slot and the wait) or
    :class:`~messages.ModelError` to the request's ``reply_to``, and frees the slot.
 
@@ -65,6 +66,13 @@ def model_error(
     ``scrub`` (a :func:`~actors.text.redact` bound to the secrets) cleans the text."""
     detail = scrub(f"the model client failed: {type(exc).__name__}: {exc}")
     return ModelError(request.session, request.request_id, detail)
+
+
+def _on_loop(complete: Callable[..., ModelAnswer]) -> Callable[..., Awaitable[ModelAnswer]]:
+    async def acomplete(request: ModelRequest, *on_text: Callable[[str], None]) -> ModelAnswer:
+        return complete(request, *on_text)
+
+    return acomplete
 
 
 class DaemonExecutor(concurrent.futures.Executor):
@@ -181,6 +189,11 @@ class ModelService:
         )
         # A model that streams takes a callback for each piece of text (model.stream).
         self._streams = bool(getattr(model, "streams", False))
+        if self._acomplete is None and getattr(model, "blocking", True) is False:
+            # A sync model that promises never to block (a scripted answer) is called on the
+            # loop itself, as the HTTP client's coroutine is: no thread hop each way.
+            sync: Any = model
+            self._acomplete = _on_loop(sync.complete)
         self._executor = None if self._acomplete else DaemonExecutor(concurrency)
         self._name = name
         self._lock = threading.Lock()

@@ -22,7 +22,7 @@ from actors.context import ContextActor
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.dispatch import Registry
 from actors.dispatcher import Dispatcher
-from actors.events import EventBus, Subscribers
+from actors.events import EventBus, EventSink, Subscribers
 from actors.llama import read_props
 from actors.lock import HomeLock
 from actors.memory import MemorySource, default_memory
@@ -313,7 +313,8 @@ class Runtime:
                 on_timeout=port_timeout,
                 async_job=port_async_job(tools),
             )
-            for address in (EVENTS, STORE, PORT):
+            directory.register(EVENTS, EventSink(refs[EVENTS], subscribers))
+            for address in (STORE, PORT):
                 directory.register(address, refs[address])
             refs[CONTEXT] = ContextActor.start(config, directory, registry, memory, env, clock)
             if config.cron or config.heartbeat:

@@ -429,8 +429,20 @@ class SessionStore:
                 return [StoreError(session, f"cannot write: {exc}") for session, _ in jobs]
             results: list[_T | Exception] = []
             try:
-                for session, job in jobs:
-                    results.append(self._savepoint(conn, session, job))
+                if len(jobs) == 1:
+                    # Alone in its transaction, a job needs no savepoint: if it fails, the
+                    # transaction is rolled back instead, with the same answer.
+                    session, job = jobs[0]
+                    try:
+                        results.append(job(conn.cursor()))
+                    except Exception as exc:
+                        conn.execute("ROLLBACK")
+                        if isinstance(exc, sqlite3.Error):
+                            return [StoreError(session, f"cannot write: {exc}")]
+                        return [exc]
+                else:
+                    for session, job in jobs:
+                        results.append(self._savepoint(conn, session, job))
                 conn.execute("COMMIT")
                 return results
             except sqlite3.Error as exc:

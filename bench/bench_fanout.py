@@ -1,8 +1,11 @@
 """Fan-out over real HTTP: N children of one answer against a model that takes 200 ms.
 
-Run: python bench/bench_fanout.py [--quick] [--home DIR]. A fake OpenAI-compatible server on
-127.0.0.1 (the test kit's ChatServer, in a process of its own like a real server) answers every
-request after ``--delay`` seconds; the runtime uses its real HTTP client and model service.
+Run: python bench/bench_fanout.py [--quick] [--home DIR] [--server asyncio|chatserver]. A fake
+OpenAI-compatible server on 127.0.0.1, in a process of its own like a real server, answers every
+request after ``--delay`` seconds; the runtime uses its real HTTP client and model service. The
+server is ``bench/fake_llama.py`` (one asyncio loop, HTTP/1.1 keep-alive, as llama-server is);
+``--server chatserver`` uses the test kit's ChatServer instead (a thread per connection, HTTP/1.0,
+a poll per waiting request every 20 ms), which at 512 in flight is itself the bottleneck.
 Each width runs a parent turn whose first answer calls ``subagent`` N times; the background
 slot pool is as wide as the fan-out, so every child has a slot of its own (two requests never
 share one), and only the fan-out limits are raised (``loop.max_children``,
@@ -32,10 +35,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import fake_llama
+
 from actors import Config, LoopConfig, ModelConfig, Runtime, SlotsConfig
 from actors.testing import ChatServer
 from actors.testing.chat_server import Delayed
-from actors.testing.script import calls, reply
+from actors.testing.script import Answer, calls, reply
 from messages import SubagentFinished, SubagentStarted, TurnCompleted, TurnEvent
 
 
@@ -49,7 +54,19 @@ class Answers:
         return script(self.delay)(body)
 
 
-def serve(delay: float, pipe: Connection) -> None:
+class DelayedAnswers:
+    """The same script for fake_llama: the answer and its delay."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __call__(self, body: dict[str, Any]) -> tuple[Answer, float]:
+        step = script(self.delay)(body)
+        assert isinstance(step, Delayed) and isinstance(step.step, Answer)
+        return step.step, step.seconds
+
+
+def serve_chatserver(delay: float, pipe: Connection) -> None:
     """The server process: serve until the pipe says stop, then report what it saw."""
     with ChatServer(Answers(delay)) as server:
         pipe.send(server.base_url)
@@ -57,10 +74,16 @@ def serve(delay: float, pipe: Connection) -> None:
         pipe.send((server.most_in_flight, len(server.overlaps), len(server.requests)))
 
 
+def serve_asyncio(delay: float, pipe: Connection) -> None:
+    """The server process, on fake_llama."""
+    fake_llama.serve(DelayedAnswers(delay), pipe)
+
+
 @contextmanager
-def server_process(delay: float) -> Iterator[tuple[str, Connection]]:
+def server_process(delay: float, kind: str) -> Iterator[tuple[str, Connection]]:
     ours, theirs = multiprocessing.Pipe()
-    process = multiprocessing.get_context("spawn").Process(target=serve, args=(delay, theirs))
+    target = serve_asyncio if kind == "asyncio" else serve_chatserver
+    process = multiprocessing.get_context("spawn").Process(target=target, args=(delay, theirs))
     process.start()
     try:
         yield ours.recv(), ours
@@ -139,14 +162,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds, widths up to 32")
     parser.add_argument("--delay", type=float, default=0.2, help="the model's seconds per answer")
     parser.add_argument("--home", help="where the stores go (default: a temporary folder)")
+    parser.add_argument(
+        "--server", choices=("asyncio", "chatserver"), default="asyncio", help="the fake server"
+    )
     args = parser.parse_args()
     rounds = 2 if args.quick else 5
     widths = [1, 32] if args.quick else [1, 32, 512]
     with (
         tempfile.TemporaryDirectory(dir=args.home) as home,
-        server_process(args.delay) as (base_url, pipe),
+        server_process(args.delay, args.server) as (base_url, pipe),
     ):
-        print(f"fan-out over HTTP, model delay {args.delay * 1e3:.0f} ms, store in {home}")
+        print(
+            f"fan-out over HTTP, model delay {args.delay * 1e3:.0f} ms, store in {home}, "
+            f"server {args.server}"
+        )
         base_turn = base_span = 0.0
         for width in widths:
             turn, span = run_width(Path(home), base_url, width, rounds if width < 512 else 3)

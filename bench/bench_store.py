@@ -2,7 +2,8 @@
 
 Run: python bench/bench_store.py [--quick] (about 2 minutes; --quick about 20 s). Every figure
 is a ratio of two things measured in the same run, so the machine's speed cancels out; each is
-the median of three interleaved repeats, since the machine may be shared:
+the median of interleaved repeats (five for the child cost, three for group commit), since the
+machine may be shared:
 
 - per-child cost / the plain-pykka floor, on tmpfs (/dev/shm): what loopd adds to a child
   (hold, baseline, one store request to create it, its turn, the answer routed back) against
@@ -16,6 +17,7 @@ Nothing here is asserted; the figures and the targets are in docs/performance.md
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import tempfile
@@ -76,21 +78,14 @@ class _Parent(pykka.ThreadingActor):
                 self.report.set()
 
 
-def pykka_floor(width: int, rounds: int) -> float:
-    """Seconds per child of plain pykka: spawn, one message each way, stop (median round)."""
-    parent = _Parent.start()
-    times = []
-    try:
-        for _ in range(rounds):
-            done = threading.Event()
-            start = time.perf_counter()
-            parent.tell(("go", width, done))
-            if not done.wait(60):
-                raise RuntimeError("the pykka floor round did not finish")
-            times.append(time.perf_counter() - start)
-    finally:
-        parent.stop()
-    return statistics.median(times) / width
+def pykka_round(parent: pykka.ActorRef[Any], width: int) -> float:
+    """Seconds of one plain-pykka round: spawn ``width`` children, one message each way, stop."""
+    done = threading.Event()
+    start = time.perf_counter()
+    parent.tell(("go", width, done))
+    if not done.wait(60):
+        raise RuntimeError("the pykka floor round did not finish")
+    return time.perf_counter() - start
 
 
 def fan_out(width: int, tool: str) -> Callable[[ModelRequest], Answer]:
@@ -107,31 +102,53 @@ def fan_out(width: int, tool: str) -> Callable[[ModelRequest], Answer]:
     return script
 
 
-def loopd_turns(home: str, width: int, tool: str, rounds: int) -> float:
-    """Median seconds of a turn whose one answer calls ``tool`` ``width`` times."""
+def loopd_runtime(home: str, width: int, tool: str) -> Runtime:
+    """A runtime whose parent's one answer calls ``tool`` ``width`` times."""
     config = Config(home=home, loop=LoopConfig(max_children=width, max_children_total=width))
-    times = []
-    with Runtime.start(config, model=ScriptedModel(fan_out(width, tool))) as rt:
-        for i in range(rounds + 1):
-            start = time.perf_counter()
-            outcome = rt.run_turn(f"{tool}{i}", "go", timeout=120)
-            assert isinstance(outcome, TurnCompleted), outcome
-            if i:  # the first round warms up
-                times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    # The script never blocks, so it answers on the model service's loop, as the HTTP client
+    # does (a blocking script would run on a thread of the service's pool, a hop each way).
+    return Runtime.start(config, model=ScriptedModel(fan_out(width, tool), blocking=False))
+
+
+def loopd_turn(rt: Runtime, session: str) -> float:
+    """Seconds of one turn of a new session ``session``."""
+    start = time.perf_counter()
+    outcome = rt.run_turn(session, "go", timeout=120)
+    took = time.perf_counter() - start
+    assert isinstance(outcome, TurnCompleted), outcome
+    return took
 
 
 def bench_child_cost(width: int, rounds: int, repeats: int) -> None:
-    """Child cost / floor, ``repeats`` times interleaved; the medians (the machine is shared)."""
+    """Child cost / floor: ``repeats`` repeats of ``rounds`` rounds, each round a pykka round,
+    a turn with children and a turn with clock calls, one after the other, so that the
+    machine's other jobs slow all three alike; the median of the repeats' ratios."""
     costs, floors = [], []
     for _ in range(repeats):
         with home_on(TMPFS) as home:
-            floors.append(pykka_floor(width, rounds * 3))
-            with_children = loopd_turns(home + "c", width, "subagent", rounds)
+            parent = _Parent.start()
+            with_children = loopd_runtime(home + "c", width, "subagent")
             # The same turn with a local tool in each child's place: what the children add is
             # the difference, so the parent's own requests and commits do not count for them.
-            with_clock = loopd_turns(home + "t", width, "clock", rounds)
-        costs.append((with_children - with_clock) / width)
+            with_clock = loopd_runtime(home + "t", width, "clock")
+            try:
+                gc.collect()
+                times: dict[str, list[float]] = {"floor": [], "children": [], "clock": []}
+                for i in range(rounds + 1):
+                    floor = pykka_round(parent, width)
+                    children = loopd_turn(with_children, f"c{i}")
+                    clock = loopd_turn(with_clock, f"t{i}")
+                    if i:  # the first round warms up
+                        times["floor"].append(floor)
+                        times["children"].append(children)
+                        times["clock"].append(clock)
+            finally:
+                parent.stop()
+                with_children.stop()
+                with_clock.stop()
+        median = {k: statistics.median(v) for k, v in times.items()}
+        costs.append((median["children"] - median["clock"]) / width)
+        floors.append(median["floor"] / width)
     ratio = statistics.median(c / f for c, f in zip(costs, floors, strict=True))
     print(
         f"child cost on tmpfs, {width:>3} children per answer: "
@@ -202,7 +219,9 @@ def main() -> None:
     args = parser.parse_args()
     rounds, seconds, repeats = (3, 1.0, 1) if args.quick else (10, 3.0, 3)
     for width in (1, 8, 32):
-        bench_child_cost(width, rounds, repeats)
+        # At least 200 children a side per repeat: a turn of one child is a few milliseconds,
+        # and ten of them said more about the machine's other jobs than about the child.
+        bench_child_cost(width, rounds if args.quick else max(rounds, 200 // width), repeats + 2)
     for sessions in (8, 64, 256):
         bench_group_commit(sessions, seconds, repeats)
 

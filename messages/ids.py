@@ -32,12 +32,19 @@ CallId = Annotated[int, Meta(ge=1, description="A tool call's number, per sessio
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
+# Ids found valid lately: every message checks its ids when built, a turn builds dozens, and a
+# set lookup is cheaper than the pattern. Cleared when full, so it stays small.
+_SEEN: set[str] = set()
+_SEEN_MAX = 65_536
+
 
 def check_session_id(text: object) -> str:
     """Return ``text`` if it is a valid session id; raise ``ValueError`` naming it otherwise.
 
     Never truncates or rewrites: an id is either used exactly as given or refused.
     """
+    if type(text) is str and text in _SEEN:
+        return text
     if not isinstance(text, str):
         raise ValueError(f"session id must be a string, not {type(text).__name__}: {text!r}")
     if _SESSION_ID.fullmatch(text) is None:
@@ -50,6 +57,10 @@ def check_session_id(text: object) -> str:
         else:
             why = "only ASCII letters, digits, '.', '_' and '-' are allowed"
         raise ValueError(f"invalid session id {text!r}: {why}")
+    if type(text) is str:  # not a subclass, whose equality could say anything
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        _SEEN.add(text)
     return text
 
 

@@ -446,3 +446,34 @@ def test_a_sync_model_keeps_its_slot_until_the_call_returns(service_for):
     assert (third.request_id, third.slot) == (3, 0)
     assert [r.request_id for r in model.requests] == [1, 3]
     reply_probe.expect_none(within=0.2)  # neither cancelled request is answered
+
+
+def test_a_model_that_never_blocks_is_answered_on_the_loop_without_threads(service_for):
+    # blocking=False: the scripted answer runs on the service's loop, as the HTTP client's
+    # coroutine does, so the service starts no thread of its pool; answers and slots as usual.
+    model = ScriptedModel(
+        lambda r: reply(f"answer {r.request_id}"), uses_slots=True, blocking=False
+    )
+    service, reply_probe = service_for(model, pools={"main": (0, 1)})
+    for n in (1, 2, 3):
+        service.tell(ask(n, reply_probe))
+    answers = sorted(
+        (reply_probe.expect(ModelAnswer, timeout=WAIT) for _ in range(3)),
+        key=lambda a: a.request_id,
+    )
+    assert [(a.request_id, a.content) for a in answers] == [
+        (1, "answer 1"),
+        (2, "answer 2"),
+        (3, "answer 3"),
+    ]
+    assert all(a.slot in (0, 1) for a in answers)
+    assert [t.name for t in service.threads()] == ["loopd-model"]
+
+
+def test_a_model_that_never_blocks_still_answers_its_failures(service_for):
+    def script(request: ModelRequest) -> Any:
+        raise ModelFailure("the script says no")
+
+    service, reply_probe = service_for(ScriptedModel(script, blocking=False))
+    service.tell(ask(1, reply_probe))
+    assert reply_probe.expect(ModelError, timeout=WAIT).detail == "the script says no"

@@ -425,3 +425,16 @@ def test_a_broken_memory_file_fails_only_new_sessions(loopd_runtime, loopd_confi
     failed = rt.run_turn("new", "hello", timeout=WAIT)
     assert isinstance(failed, TurnFailed) and failed.reason is FailReason.SPAWN_ERROR
     assert "MEMORY.md" in failed.detail
+
+
+def test_a_subscriber_added_later_sees_the_events_of_later_turns(loopd_runtime) -> None:
+    # With nobody subscribed, events are dropped at once (no work for the bus); a subscriber
+    # added afterwards sees every event of the turns that follow, in order.
+    rt = loopd_runtime([reply("one"), reply("two")])
+    assert rt.run_turn("s", "first", timeout=WAIT) == TurnCompleted("s", "one")
+    seen = Probe.start(rt.directory)
+    rt.subscribe(seen.tell)
+    assert rt.run_turn("s", "second", timeout=WAIT) == TurnCompleted("s", "two")
+    started = seen.expect(TurnStarted, timeout=WAIT)
+    ended = seen.expect(TurnEnded, timeout=WAIT)
+    assert (started.session, ended.session) == ("s", "s")

@@ -36,14 +36,26 @@ class ScriptedModel:
     An in-process model has no llama.cpp slots: its requests run as they come. With
     ``uses_slots=True`` they take slots of the runtime's slot table, like the HTTP client's
     (``request.slot`` is then the slot granted).
+
+    A script may block, so by default each request runs on a thread of the model service's
+    pool. ``blocking=False`` promises that it never does: requests are then answered on the
+    model service's loop, as the HTTP client's are, without a thread hop each way (the
+    benchmarks use it; a script that blocks there would stall every model request).
     """
 
-    def __init__(self, script: Script | Mapping[str, Script], *, uses_slots: bool = False) -> None:
+    def __init__(
+        self,
+        script: Script | Mapping[str, Script],
+        *,
+        uses_slots: bool = False,
+        blocking: bool = True,
+    ) -> None:
         if isinstance(script, Mapping):
             book: ScriptBook[ModelRequest, Answer] = ScriptBook(script)
             script = functools.partial(_by_agent, book)
         self._script: Script = script
         self.uses_slots = uses_slots
+        self.blocking = blocking
         self._next = 0
         self._cond = threading.Condition()
         self._requests: list[ModelRequest] = []
