@@ -29,6 +29,9 @@ class Terminated:
 
 
 class _ProbeActor(pykka.ThreadingActor):
+    # A probe a test forgot to stop must not keep the interpreter alive after the last test.
+    use_daemon_thread = True
+
     def __init__(self, probe: Probe) -> None:
         super().__init__()
         self.probe = probe
