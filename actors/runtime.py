@@ -202,8 +202,13 @@ class Runtime:
         returned is a :class:`~actors.cluster.ClusterRuntime` (``tools`` go to every shard;
         ``model``, ``memory`` and ``clock`` cannot cross to other processes).
         """
-        if model is None or config.slots.total == "auto":  # both talk to the model's server
-            check_real_model(config.model.base_url)  # the test kit's switch; off by default
+        # The test kit's switch (off by default): the HTTP client talks to every profile's
+        # endpoint, and slots.total = "auto" asks the main one for its slots.
+        if model is None:
+            for name in config.agent_names():
+                check_real_model(config.endpoint(name).base_url)
+        elif config.slots.total == "auto":
+            check_real_model(config.model.base_url)
         if config.cluster.engine == "ray":
             if model is not None or memory is not None or clock is not _utc_now:
                 raise ValueError(

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from actors import Config, Directory, ModelConfig, ModelFailure, Runtime, SlotsConfig
+from actors.config import AgentConfig
 from actors.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
@@ -300,6 +301,14 @@ def test_the_switch_makes_a_runtime_for_a_real_model_fail_loudly(tmp_path, monke
     auto = config.replace(slots=SlotsConfig(total="auto"))
     with pytest.raises(RealModelForbidden):
         Runtime.start(auto, model=ScriptedModel([]))
+    # A profile with an endpoint of its own is a real model too, the main one a fake or not.
+    with ChatServer([reply("fake")]) as server:
+        profiled = config.replace(
+            model=ModelConfig(base_url=server.base_url),
+            agents={"researcher": AgentConfig(base_url="http://10.9.9.8:8080/v1")},
+        )
+        with pytest.raises(RealModelForbidden, match=r"10\.9\.9\.8:8080/v1"):
+            Runtime.start(profiled).stop()  # stopped if it ever starts: the test fails, not hangs
 
 
 def test_the_pytest_option_turns_the_switch_on(pytester: pytest.Pytester) -> None:
