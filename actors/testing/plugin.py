@@ -86,14 +86,18 @@ stopped them: the only actors the kit stops again at the end of the run."""
 
 def _runtime_actors(rt: Runtime) -> list[pykka.ActorRef[Any]]:
     """The actors of ``rt`` still in pykka's registry: its own refs, and every actor that
-    answers at its directory (sessions, the Context, pool workers, the store)."""
-    own = set(rt._refs.values())
+    answers at its directory (sessions, the Context, pool workers, the store). A cluster
+    runtime's actors live in its shards' processes: none are here."""
+    own = set(getattr(rt, "_refs", {}).values())
+    home = getattr(rt, "directory", None)
+    if not own and home is None:
+        return []
     found = []
     for ref in pykka.ActorRegistry.get_all():
         actor = ref._actor_weakref()
         env = getattr(actor, "env", None)
         directory = getattr(actor, "directory", None) or getattr(env, "directory", None)
-        if ref in own or directory is rt.directory:
+        if ref in own or (home is not None and directory is home):
             found.append(ref)
     return found
 
