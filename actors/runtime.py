@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
 import pykka
@@ -505,7 +505,7 @@ class Runtime:
             else:  # still writing: the lock stays until the process ends (the OS frees it)
                 log.warning("loopd: the store did not stop in time; its home stays locked")
 
-    def __enter__(self) -> Runtime:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -340,14 +339,3 @@ class ClusterRuntime(Runtime):
             ray.kill(shard, no_restart=True)
         if self._owns_ray:
             ray.shutdown()
-
-    def __enter__(self) -> ClusterRuntime:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
