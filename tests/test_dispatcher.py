@@ -13,7 +13,7 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.dispatcher import DispatchedActor, Dispatcher, DispatcherClosed
+from actors.dispatcher import RUN_NEXT_LIMIT, DispatchedActor, Dispatcher, DispatcherClosed
 
 WAIT = 10.0
 
@@ -175,6 +175,71 @@ def test_a_busy_actor_hands_its_thread_back_after_throughput_messages() -> None:
     assert busy.ask("sync", timeout=WAIT) == "sync"
     # The quiet actor ran after the busy one's first 5 messages, not after all 100.
     assert quiet_saw == [5]
+    assert dispatcher.shutdown(WAIT)
+
+
+class Relay(DispatchedActor):
+    """Tells ``to`` (if any) what it receives, and keeps the thread each message ran on."""
+
+    def __init__(self, dispatcher: Dispatcher, to: pykka.ActorRef[Any] | None = None) -> None:
+        super().__init__(dispatcher)
+        self.to = to
+        self.threads: list[str] = []
+
+    def on_receive(self, message: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        if self.to is not None:
+            self.to.tell(message)
+        return None
+
+
+def test_an_actor_told_from_a_handler_runs_next_on_the_same_thread(dispatcher) -> None:
+    # The run-next slot: no other thread is woken for a message a handler sends on.
+    last = Relay.start(dispatcher)
+    first = Relay.start(dispatcher, last)
+    for i in range(50):
+        first.tell(i)
+        last.ask("sync", timeout=WAIT)  # one at a time, so the other thread is idle each time
+    assert actor_of(last).threads[::2] == actor_of(first).threads
+
+
+def test_two_actors_telling_each_other_leave_the_thread_to_others() -> None:
+    dispatcher = Dispatcher(1, name="ping-pong")
+    [gate] = hold_every_thread(dispatcher, 1)
+    bounces: list[int] = []
+
+    class Ping(DispatchedActor):
+        def __init__(self, dispatcher: Dispatcher) -> None:
+            super().__init__(dispatcher)
+            self.other: pykka.ActorRef[Any] | None = None
+
+        def on_receive(self, message: Any) -> None:
+            if isinstance(message, pykka.ActorRef):
+                self.other = message
+            elif message < 10_000:
+                bounces.append(message)
+                assert self.other is not None
+                self.other.tell(message + 1)
+
+    a, b = Ping.start(dispatcher), Ping.start(dispatcher)
+    a.tell(b)
+    b.tell(a)
+    quiet_saw: list[int] = []
+
+    class Quiet(DispatchedActor):
+        def on_receive(self, message: Any) -> None:
+            if message == "hello":
+                quiet_saw.append(len(bounces))
+
+    quiet = Quiet.start(dispatcher)
+    a.tell(0)  # from outside: both wait in the shared queue, the ping-pong first
+    quiet.tell("hello")
+    gate.release.set()
+    quiet.ask("sync", timeout=WAIT)
+    # Before the quiet actor's turn came: a's run and b's, each taken from the queue, and
+    # from b's on a chain of at most RUN_NEXT_LIMIT runs (not all 10,000 bounces).
+    [seen] = quiet_saw
+    assert 2 <= seen <= RUN_NEXT_LIMIT + 1
     assert dispatcher.shutdown(WAIT)
 
 

@@ -5,7 +5,10 @@ A :class:`pykka.ThreadingActor` owns one OS thread for its whole life. A
 the mailbox is queued on its :class:`Dispatcher`, whose few threads take mailboxes in turn and
 run each for at most ``throughput`` messages before queuing it again behind the others (the way
 Akka's dispatchers work). So ten thousand idle actors cost memory, not threads, and one busy
-actor cannot starve the rest.
+actor cannot starve the rest. A message a handler sends to another actor is run next on the
+same thread (a run-next slot, as in Go's and Tokio's schedulers), not handed to a sleeping
+thread: a chain of actors telling each other costs no thread wake-ups, and after
+``RUN_NEXT_LIMIT`` links the chain waits its turn in the queue like everyone else.
 
 Every pykka promise holds: ``ActorRef``, ``tell``, ``ask``, proxies, the ``ActorRegistry``,
 ``on_start`` / ``on_stop`` / ``on_failure``, one message at a time per actor, messages in the
@@ -20,6 +23,7 @@ This package is loopd's, but it imports nothing of loopd: only pykka and the sta
 from actors.dispatcher._actor import DispatchedActor
 from actors.dispatcher._pool import (
     DEFAULT_THROUGHPUT,
+    RUN_NEXT_LIMIT,
     Dispatcher,
     DispatcherClosed,
     TimerHandle,
@@ -28,6 +32,7 @@ from actors.dispatcher._pool import (
 
 __all__ = [
     "DEFAULT_THROUGHPUT",
+    "RUN_NEXT_LIMIT",
     "DispatchedActor",
     "Dispatcher",
     "DispatcherClosed",

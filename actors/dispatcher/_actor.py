@@ -146,7 +146,7 @@ class _Mailbox:
             again = bool(self._queue)
             self._scheduled = again
         if again:  # to the back of the queue: the other actors get their turn first
-            dispatcher.execute(self)
+            dispatcher.execute(self, later=True)
 
     def close(self) -> None:
         """The actor has stopped: answer what is left, and refuse what comes."""

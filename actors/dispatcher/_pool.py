@@ -14,12 +14,32 @@ from typing import Any, Protocol, cast
 
 import pykka
 
-__all__ = ["DEFAULT_THROUGHPUT", "Dispatcher", "DispatcherClosed", "TimerHandle", "default_threads"]
+__all__ = [
+    "DEFAULT_THROUGHPUT",
+    "RUN_NEXT_LIMIT",
+    "Dispatcher",
+    "DispatcherClosed",
+    "TimerHandle",
+    "default_threads",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_THROUGHPUT = 16
 """Messages an actor may handle in one go before it hands its thread to the next actor."""
+
+
+RUN_NEXT_LIMIT = 32
+"""Mailboxes a thread may run one after another from its run-next slot before the next one
+goes to the shared queue (see :meth:`Dispatcher.execute`)."""
+
+
+class _Worker(threading.local):
+    """Per thread: whether it is one of the dispatcher's threads running a mailbox now, and
+    the mailbox it runs next."""
+
+    running = False
+    next: Runnable | None = None
 
 
 def default_threads() -> int:
@@ -88,6 +108,7 @@ class Dispatcher:
         self.name = name
         self.throughput = throughput if throughput > 0 else DEFAULT_THROUGHPUT
         self._ready: queue.SimpleQueue[Runnable | None] = queue.SimpleQueue()
+        self._worker = _Worker()
         self._lock = threading.Lock()
         # A dict for its order: stopping in start order finds each actor near the front of
         # pykka's registry (a list), so stopping n actors costs O(n), not O(n**2).
@@ -140,19 +161,44 @@ class Dispatcher:
                 if not awaited:
                     self._stopped.notify_all()
 
-    def execute(self, mailbox: Runnable) -> None:
-        """Queue ``mailbox`` for a thread (its owner makes sure it is queued once at a time)."""
+    def execute(self, mailbox: Runnable, *, later: bool = False) -> None:
+        """Queue ``mailbox`` for a thread (its owner makes sure it is queued once at a time).
+
+        Called on one of this dispatcher's threads while it runs an actor, the first mailbox
+        goes to that thread's run-next slot: the thread runs it as soon as its current run
+        ends, and no other thread is woken. A message is usually the last thing its handler
+        does, and waking a sleeping thread (on another CPU, as often as not) costs more than
+        most handlers. Any more go to the shared queue, where idle threads take them.
+        ``later`` always uses the shared queue, behind everything waiting there (a mailbox
+        that used up its ``throughput`` and queues itself again).
+        """
+        worker = self._worker
+        if not later and worker.running and worker.next is None:
+            worker.next = mailbox
+            return
         self._ready.put(mailbox)
 
     def _work(self) -> None:
+        worker = self._worker
         while True:
             mailbox = self._ready.get()
             if mailbox is _STOP:
                 return
-            try:
-                mailbox.run()
-            except BaseException:  # a bug in the mailbox itself: the thread must live on
-                log.exception("dispatcher %s: a mailbox run failed", self.name)
+            worker.running = True
+            chained = 0
+            while mailbox is not None:
+                try:
+                    mailbox.run()
+                except BaseException:  # a bug in the mailbox itself: the thread must live on
+                    log.exception("dispatcher %s: a mailbox run failed", self.name)
+                mailbox, worker.next = worker.next, None
+                chained += 1
+                if mailbox is not None and chained >= RUN_NEXT_LIMIT:
+                    # Two actors telling each other back and forth would keep this thread
+                    # to themselves: after so many, the next one waits its turn in the queue.
+                    self._ready.put(mailbox)
+                    mailbox = None
+            worker.running = False
 
     # Timers.
 
