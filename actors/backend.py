@@ -49,8 +49,11 @@ class StoreBackend(Protocol):
         untrusted: bool,
         first: ChatMessage,
         agent: str = "default",
+        more: Sequence[ChatMessage] = (),
+        next_call_id: int = 1,
     ) -> tuple[SessionRecord, bool]:
-        """Create (or reopen) child ``id`` of ``parent``; True if it is new."""
+        """Create (or reopen) child ``id`` of ``parent``, with ``first`` and then ``more`` as
+        its messages; True if it is new."""
         ...
 
     def open_in(self, cur: Any, id: str) -> SessionRecord:

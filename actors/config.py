@@ -582,6 +582,13 @@ class StoreConfig(_Section, frozen=True):
             shown = redact(self.url)[:40]
             raise ConfigError(f"store.url must start with postgresql:// (got {shown!r})")
 
+    @property
+    def locks_sessions(self) -> bool:
+        """Whether the store holds a lock per session that the runtime must give back
+        (``ReleaseSession``) when a session's actor stops: PostgreSQL's advisory locks. A
+        SQLite store has none (the home lock covers every session)."""
+        return self.url is not None
+
 
 class ClusterConfig(_Section, frozen=True):
     """``[cluster]``: run sessions on shard actors of a Ray cluster (needs ``[store] url``)."""

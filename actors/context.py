@@ -46,6 +46,7 @@ from messages import (
     ScheduledTurn,
     SessionCrashed,
     SessionLoaded,
+    SessionRecord,
     SessionStopped,
     SessionTurnEnded,
     SlotPool,
@@ -65,8 +66,13 @@ from messages import (
     TurnFailed,
     denial_message,
 )
+from messages.ids import CHILD_PREFIX
 
-__all__ = ["SWEEP_MAX_S", "ContextActor", "Hold", "HoldTable", "Live"]
+BASELINES_KEPT = 16
+"""Baselines the Context keeps built (one per profile and memory block); past it, it starts
+over."""
+
+__all__ = ["BASELINES_KEPT", "SWEEP_MAX_S", "ContextActor", "Hold", "HoldTable", "Live"]
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +207,7 @@ class ContextActor(DispatchedActor):
         self.incarnations = itertools.count(1)
         self.spawns = itertools.count(1)
         self.requests = itertools.count(1)
+        self._baselines: dict[tuple[str, str, str], Baseline] = {}
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
@@ -383,9 +390,12 @@ class ContextActor(DispatchedActor):
         self.directory.tell(session_address(msg.parent), reply)
 
     def _create_child(self, hold: Hold, untrusted: bool) -> None:
-        """SPEC 5, steps 2 and 4, in one store request: a child's id is always new, so its
-        record and first message are created at once, with its parent's untrusted flag. The
-        store opens a stored record only if that parent's spawn created it."""
+        """SPEC 5, steps 2 and 4: a child's id is always new, so its actor starts at once on a
+        record that holds its first message, and asks the model. The record is stored with
+        the child's first write (its CreateChild, which the RunTurn carries): one store
+        request and one transaction for a child that answers at once. The store opens a
+        stored record only if that parent's spawn created it; the child's turn then starts
+        over on it."""
         assert hold.parent is not None
         hold.slot = self.config.slots.home_slot("background")
         agent = hold.agent or DEFAULT_AGENT
@@ -396,20 +406,23 @@ class ContextActor(DispatchedActor):
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
             self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
             return
-        hold.open_request = next(self.requests)
         first = ChatMessage(role="user", content=hold.text)
-        request = CreateChild(
+        create = CreateChild(
+            hold.session, hold.parent, baseline, hold.slot, untrusted, first, CONTEXT, agent=agent
+        )
+        record = SessionRecord(
             hold.session,
-            hold.parent,
             baseline,
             hold.slot,
-            untrusted,
-            first,
-            CONTEXT,
-            hold.open_request,
-            agent,
+            (first,),
+            turns=1,
+            next_call_id=1,
+            untrusted=untrusted,
+            parent=hold.parent,
+            agent=agent,
         )
-        self.directory.tell(STORE, request)
+        run = RunTurn(hold.text, stored=True, pool="background", trace=hold.trace, create=create)
+        self._start_session(hold, record, run)
 
     # Opening a session: a live actor, or the store (SPEC 5, step 4).
 
@@ -428,9 +441,9 @@ class ContextActor(DispatchedActor):
         self._ask_store(hold, None)
 
     @staticmethod
-    def _run_turn(hold: Hold, *, stored: bool = False) -> RunTurn:
+    def _run_turn(hold: Hold) -> RunTurn:
         pool: SlotPool = "background" if hold.is_child else "main"
-        return RunTurn(hold.text, hold.speaker, stored=stored, pool=pool, trace=hold.trace)
+        return RunTurn(hold.text, hold.speaker, pool=pool, trace=hold.trace)
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> None:
         hold.open_request = next(self.requests)
@@ -474,11 +487,21 @@ class ContextActor(DispatchedActor):
         self._ask_store(hold, baseline)
 
     def _baseline(self, session: str, agent: str) -> Baseline:
-        """A new session's baseline for profile ``agent`` (reads memory, maybe a file)."""
+        """A new session's baseline for profile ``agent`` (reads memory, maybe a file).
+
+        Built once per profile, system prompt and memory block: every child of a quiet
+        runtime gets the same object (which also spares the store encoding it again)."""
         block = self.memory.block()
         self._memory_warnings(session)
-        view = self.agents.get(agent).registry
-        return build_baseline(self.agents.system_prompt(agent), view, block)
+        system = self.agents.system_prompt(agent)
+        key = (agent, system, block)
+        baseline = self._baselines.get(key)
+        if baseline is None:
+            baseline = build_baseline(system, self.agents.get(agent).registry, block)
+            if len(self._baselines) >= BASELINES_KEPT:
+                self._baselines.clear()
+            self._baselines[key] = baseline
+        return baseline
 
     def _agent_fits(self, hold: Hold, stored: str) -> bool:
         """Whether ``hold`` may run a session stored with profile ``stored``; if not, the hold
@@ -508,19 +531,21 @@ class ContextActor(DispatchedActor):
             return  # answered already (cancelled, or the runtime is stopping)
         if not self._agent_fits(hold, msg.record.agent):
             return
+        self._start_session(hold, msg.record, self._run_turn(hold))
+
+    def _start_session(self, hold: Hold, record: SessionRecord, run: RunTurn) -> None:
+        """Start the actor of ``record`` for ``hold`` and tell it ``run``."""
         incarnation = next(self.incarnations)
         try:
-            ref = SessionActor.start(msg.record, self.session_env, incarnation)
+            ref = SessionActor.start(record, self.session_env, incarnation)
         except Exception as exc:
-            self._release(session)
+            self._release(hold.session)
             detail = f"could not start the session actor: {exc}"
             self._answer_failure(hold, FailReason.CRASHED, detail)
             return
-        self.live[session] = Live(ref, incarnation, msg.record.agent)
+        self.live[hold.session] = Live(ref, incarnation, record.agent)
         hold.incarnation = incarnation
-        # A new child's record holds its first message already: its turn asks the model at once.
-        stored = hold.is_child and msg.created
-        self._tell_live(hold, self._run_turn(hold, stored=stored))
+        self._tell_live(hold, run)
         for idle in self.idle.over_limit(len(self.live)):
             self._passivate(idle, "sessions.max_live")
 
@@ -553,6 +578,10 @@ class ContextActor(DispatchedActor):
     def _turn_ended(self, msg: SessionTurnEnded) -> None:
         hold = self.holds.get(msg.session)
         if hold is None:
+            # Answered already (a cancel that found the child's actor retired just before
+            # this arrived): a child's actor is gone all the same.
+            if msg.session.startswith(CHILD_PREFIX):
+                self.live.pop(msg.session, None)
             return
         outcome = msg.outcome
         stale = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
@@ -560,9 +589,9 @@ class ContextActor(DispatchedActor):
             # A child runs one turn. A session after a store error holds messages the store
             # did not take. Either way its actor goes; the stored session stays.
             live = self.live.pop(msg.session, None)
-            if live is not None:
-                live.ref.stop(block=False)
-            self.directory.tell(STORE, ReleaseSession(msg.session))
+            if live is not None and hold.parent is None:
+                live.ref.stop(block=False)  # a child has stopped itself (SessionActor.retired)
+            self._give_back(msg.session)
         self._release(msg.session)
         if hold.parent is None:
             if msg.session in self.live:
@@ -614,12 +643,19 @@ class ContextActor(DispatchedActor):
         if live is not None and live.incarnation == incarnation:
             del self.live[session]
             self.idle.busy(session)
-            self.directory.tell(STORE, ReleaseSession(session))
+            self._give_back(session)
         hold = self.holds.get(session)
         if hold is None or hold.incarnation != incarnation:
             return None
         self._release(session)
         return None if hold.answered else hold
+
+    def _give_back(self, session: str) -> None:
+        """``session``'s actor is gone: a store with per-session locks may now let another
+        process run it. Told only to such a store: for SQLite it would be a wake-up of the
+        store's thread for nothing, on every child."""
+        if self.config.store.locks_sessions:
+            self.directory.tell(STORE, ReleaseSession(session))
 
     def _crashed(self, msg: SessionCrashed) -> None:
         hold = self._forget(msg.session, msg.incarnation)
@@ -692,7 +728,7 @@ class ContextActor(DispatchedActor):
         log.debug("context: passivating %s (%s)", session, why)
         live.ref.stop(block=False)
         # A shared store may now let another process run it (its lock goes).
-        self.directory.tell(STORE, ReleaseSession(session))
+        self._give_back(session)
 
     # Cancellation and time limits.
 

@@ -210,13 +210,19 @@ class Registry:
         """True if this view may list and run ``name`` (a registered tool or not)."""
         return self._allowed is None or name in self._allowed
 
+    _specs: tuple[ToolSpec, ...] | None = None
+
     def specs(self) -> tuple[ToolSpec, ...]:
-        """Every allowed tool, in a stable order, as it goes into a baseline."""
+        """Every allowed tool, in a stable order, as it goes into a baseline (built once: a
+        registry and its views never change)."""
+        if self._specs is not None:
+            return self._specs
         builtin = tuple(
             subagent_spec(self._agents) if spec.name == SUBAGENT else spec for spec in self.BUILTIN
         )
         every = builtin + tuple(self._port[name] for name in sorted(self._port))
-        return tuple(spec for spec in every if self.allows(spec.name))
+        self._specs = tuple(spec for spec in every if self.allows(spec.name))
+        return self._specs
 
     def is_port(self, name: str) -> bool:
         """True if ``name`` is a port tool."""

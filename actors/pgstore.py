@@ -372,9 +372,11 @@ class PgSessionStore:
         untrusted: bool,
         first: ChatMessage,
         agent: str = "default",
+        more: Sequence[ChatMessage] = (),
+        next_call_id: int = 1,
     ) -> tuple[SessionRecord, bool]:
         """As :meth:`actors.store.SessionStore.create_child_in`: a record some other way made
-        raises :class:`SessionTaken`; a new child holds ``first`` and one turn."""
+        raises :class:`SessionTaken`; a new child holds ``first`` and ``more``, and one turn."""
         check_session_id(id)
         self._take(cur, id)
         row = cur.execute("SELECT parent FROM loopd_sessions WHERE id = %s", (id,)).fetchone()
@@ -385,16 +387,25 @@ class PgSessionStore:
                 cur.execute("UPDATE loopd_sessions SET untrusted = TRUE WHERE id = %s", (id,))
             return self._record(cur, id), False
         self._insert(
-            cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1, agent=agent
+            cur,
+            id,
+            baseline,
+            slot,
+            parent=parent,
+            untrusted=untrusted,
+            turns=1,
+            agent=agent,
+            next_call_id=next_call_id,
         )
-        self._insert_messages(cur, id, (first,), _now(), last=0)
+        transcript = (first, *more)
+        self._insert_messages(cur, id, transcript, _now(), last=0)
         record = SessionRecord(
             id=id,
             baseline=baseline,
             slot=slot,
-            transcript=(first,),
+            transcript=transcript,
             turns=1,
-            next_call_id=1,
+            next_call_id=next_call_id,
             untrusted=untrusted,
             parent=parent,
             agent=agent,
@@ -635,6 +646,7 @@ class PgSessionStore:
         untrusted: bool = False,
         turns: int = 0,
         agent: str = "default",
+        next_call_id: int = 1,
     ) -> None:
         now = _now()
         body = _ENCODER.encode(baseline)
@@ -646,8 +658,8 @@ class PgSessionStore:
         cur.execute(
             "INSERT INTO loopd_sessions (id, baseline, parent, slot, turns, next_call_id,"
             " untrusted, created_at, updated_at, agent)"
-            " VALUES (%s, %s, %s, %s, %s, 1, %s, %s, %s, %s)",
-            (id, key, parent, slot, turns, untrusted, now, now, agent),
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (id, key, parent, slot, turns, next_call_id, untrusted, now, now, agent),
         )
 
     @staticmethod

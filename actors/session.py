@@ -9,6 +9,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+import msgspec
+
 from actors.agents import Agent, Agents
 from actors.config import DEFAULT_AGENT, AgentConfig
 from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory, session_address
@@ -37,7 +39,9 @@ from messages import (
     Cancel,
     CancelModelRequest,
     CancelPortCall,
+    ChatMessage,
     CompactHistory,
+    CreateChild,
     FailReason,
     Inspect,
     ModelAnswer,
@@ -48,6 +52,7 @@ from messages import (
     RequestOptions,
     RunTurn,
     SessionCrashed,
+    SessionLoaded,
     SessionRecord,
     SessionStopped,
     SessionTurnEnded,
@@ -111,6 +116,11 @@ class SessionActor(DispatchedActor):
         # The Context checks the profile before it starts a session, so this does not raise.
         self.agent = env.agent(record.agent)
         self.trace: dict[str, str] | None = None  # the running turn's trace context
+        self.retired = False  # a child that stopped itself after its one turn
+        # A new child's record, not stored yet: its first write creates it (RunTurn.create).
+        self.create: CreateChild | None = None
+        self.creating: int | None = None  # the request id of that first write, once sent
+        self.text = ""  # the running turn's text, to start it over on a stored record
 
     # Life cycle.
 
@@ -118,7 +128,8 @@ class SessionActor(DispatchedActor):
         self.env.directory.register(self.address, self.actor_ref)
 
     def on_stop(self) -> None:
-        self._abandon("the session actor was stopped during its turn")
+        if not self.retired:  # the Context popped a retired child already: nothing to tell
+            self._abandon("the session actor was stopped during its turn")
         self.env.directory.unregister(self.address, self.actor_ref)
 
     def on_failure(
@@ -167,8 +178,15 @@ class SessionActor(DispatchedActor):
             return None
         if isinstance(message, Appended):
             effects = turn.persisted(message.request_id)
+        elif isinstance(message, SessionLoaded):
+            effects = self._created(turn, message)
         elif isinstance(message, StoreFailed):
-            effects = turn.store_failed(message.request_id, message.detail)
+            reason = FailReason.STORE_ERROR
+            if message.taken:  # a record its parent's spawn did not create: not ours to use
+                reason = FailReason.SPAWN_ERROR
+            elif message.held_elsewhere:  # another process runs it (a shared store's lock)
+                reason = FailReason.BUSY
+            effects = turn.store_failed(message.request_id, message.detail, reason)
         elif isinstance(message, ModelAnswer):
             effects = turn.model_answer(message)
         elif isinstance(message, ModelError):
@@ -192,10 +210,28 @@ class SessionActor(DispatchedActor):
             return
         self.pool = message.pool
         self.trace = message.trace
+        self.create = message.create
+        self.text = message.text
         self.turn = Turn(
             self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
         )
         self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
+
+    def _created(self, turn: Turn, message: SessionLoaded) -> list[Effect]:
+        """The store's answer to this child's first write (its CreateChild)."""
+        if message.request_id != self.creating:
+            return []
+        self.creating = None
+        if message.created:
+            return turn.persisted(message.request_id)
+        # The id holds a record this parent's spawn made before (a turn a crash cut off):
+        # that record is the truth, and the turn starts over on it. What this turn had (an
+        # answer not stored) is dropped; the stored turn is repaired first, as on a restart.
+        self.state = SessionState.from_record(message.record)
+        self.turn = Turn(
+            self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
+        )
+        return self.turn.start(self.text)
 
     def record(self) -> SessionRecord:
         """The session as it stands now, in the shape the store gives it."""
@@ -208,6 +244,8 @@ class SessionActor(DispatchedActor):
             if isinstance(effect, Emit):
                 self.env.tracer.on_event(effect.event, self.trace)
                 tell(EVENTS, effect.event)
+            elif isinstance(effect, Persist) and self.create is not None:
+                tell(STORE, self._first_write(effect.request_id, effect.messages))
             elif isinstance(effect, Persist):
                 tell(
                     STORE,
@@ -268,4 +306,27 @@ class SessionActor(DispatchedActor):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):
                 self.turn = None
+                if self.create is not None:  # it ends before it stored anything: store that
+                    tell(STORE, self._first_write(0, ()))
                 tell(CONTEXT, SessionTurnEnded(s.id, effect.outcome, s.turns, s.untrusted))
+                if s.parent is not None:
+                    # A child runs one turn. It stops itself here, on this thread, rather than
+                    # wait for a stop from the Context (a message each way for nothing).
+                    self.retired = True
+                    self._stop()
+                    return
+
+    def _first_write(self, request_id: int, messages: tuple[ChatMessage, ...]) -> CreateChild:
+        """This new child's CreateChild, with ``messages`` to store after its first one."""
+        create, self.create = self.create, None
+        assert create is not None
+        s = self.state
+        self.creating = request_id
+        return msgspec.structs.replace(
+            create,
+            untrusted=s.untrusted,
+            reply_to=self.address,
+            request_id=request_id,
+            more=messages,
+            next_call_id=s.next_call_id,
+        )

@@ -258,6 +258,7 @@ class SessionStore:
     # still has them: the file's identity (checked before writes) and the decoded baselines.
     _identity: tuple[int, int] | None = None
     _baselines: OrderedDict[str, Baseline] | None = None
+    _last_written: tuple[Baseline, str, bytes] | None = None
 
     def __init__(self, path: str | Path) -> None:
         """Open (and if need be create) the store at ``path``, the database file itself.
@@ -519,6 +520,8 @@ class SessionStore:
         untrusted: bool,
         first: ChatMessage,
         agent: str = "default",
+        more: Sequence[ChatMessage] = (),
+        next_call_id: int = 1,
     ) -> tuple[SessionRecord, bool]:
         """Store child ``id`` of ``parent`` with ``first`` as its first message; True if new.
 
@@ -526,7 +529,16 @@ class SessionStore:
         """
         with self._transaction(id, "create the child", write=True) as cur:
             return self.create_child_in(
-                cur, id, parent, baseline, slot, untrusted=untrusted, first=first, agent=agent
+                cur,
+                id,
+                parent,
+                baseline,
+                slot,
+                untrusted=untrusted,
+                first=first,
+                agent=agent,
+                more=more,
+                next_call_id=next_call_id,
             )
 
     def create_child_in(
@@ -540,11 +552,15 @@ class SessionStore:
         untrusted: bool,
         first: ChatMessage,
         agent: str = "default",
+        more: Sequence[ChatMessage] = (),
+        next_call_id: int = 1,
     ) -> tuple[SessionRecord, bool]:
         """Create child ``id`` of ``parent`` inside the caller's transaction; True if new.
 
         A new child is stored on ``slot`` with ``baseline``, profile ``agent``, ``untrusted``
-        (its parent's flag), ``first`` as its only message and its first turn counted. A
+        (its parent's flag at the spawn, or its own by then), ``first`` and then ``more`` as
+        its messages (a child's first write: its first message and what its turn stored
+        first), ``next_call_id`` and its first turn counted. A
         record of ``id`` that a spawn of ``parent`` created is returned as stored (False), made
         untrusted if ``untrusted`` (``first`` is not added: the turn stores it after repairing
         what was cut off). Any other record of ``id`` raises :class:`SessionTaken`, and nothing
@@ -559,16 +575,25 @@ class SessionStore:
                 cur.execute("UPDATE sessions SET untrusted = 1 WHERE id = ?", (id,))
             return self._record(cur, id), False
         self._insert(
-            cur, id, baseline, slot, parent=parent, untrusted=untrusted, turns=1, agent=agent
+            cur,
+            id,
+            baseline,
+            slot,
+            parent=parent,
+            untrusted=untrusted,
+            turns=1,
+            agent=agent,
+            next_call_id=next_call_id,
         )
-        self._insert_messages(cur, id, (first,), _now(), last=0)
+        transcript = (first, *more)
+        self._insert_messages(cur, id, transcript, _now(), last=0)
         record = SessionRecord(
             id=id,
             baseline=baseline,
             slot=slot,
-            transcript=(first,),
+            transcript=transcript,
             turns=1,
-            next_call_id=1,
+            next_call_id=next_call_id,
             untrusted=untrusted,
             parent=parent,
             agent=agent,
@@ -772,8 +797,21 @@ class SessionStore:
         ).fetchone()
         return row
 
-    @staticmethod
+    def _baseline_row(self, baseline: Baseline) -> tuple[str, bytes]:
+        """``baseline``'s key and encoded body. The Context hands every new session of a
+        profile the same Baseline object while memory is unchanged, so the last one's are
+        kept, by identity: no encoding and hashing per child. (The row is still inserted each
+        time: a rolled-back transaction may have taken it away.)"""
+        last = self._last_written
+        if last is not None and last[0] is baseline:
+            return last[1], last[2]
+        body = _ENCODER.encode(baseline)
+        key = baseline_hash(body)
+        self._last_written = (baseline, key, body)
+        return key, body
+
     def _insert(
+        self,
         cur: sqlite3.Cursor,
         id: str,
         baseline: Baseline,
@@ -783,15 +821,15 @@ class SessionStore:
         untrusted: bool = False,
         turns: int = 0,
         agent: str = "default",
+        next_call_id: int = 1,
     ) -> None:
         now = _now()
-        body = _ENCODER.encode(baseline)
-        key = baseline_hash(body)
+        key, body = self._baseline_row(baseline)
         cur.execute("INSERT OR IGNORE INTO baselines (hash, body) VALUES (?, ?)", (key, body))
         cur.execute(
             "INSERT INTO sessions (id, baseline, parent, slot, turns, next_call_id, untrusted,"
-            " created_at, updated_at, agent) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?)",
-            (id, key, parent, slot, turns, int(untrusted), now, now, agent),
+            " created_at, updated_at, agent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (id, key, parent, slot, turns, next_call_id, int(untrusted), now, now, agent),
         )
 
     @staticmethod
@@ -996,6 +1034,8 @@ class StoreActor(pykka.ThreadingActor):
                 untrusted=msg.untrusted,
                 first=msg.first,
                 agent=msg.agent,
+                more=msg.more,
+                next_call_id=msg.next_call_id,
             )
         baseline = msg.baseline
         if baseline is None:

@@ -472,14 +472,18 @@ class Turn:
         after, self._after_save = self._after_save, None
         return after()
 
-    def store_failed(self, request_id: int, detail: str) -> list[Effect]:
-        """The store could not do ``request_id``."""
+    def store_failed(
+        self, request_id: int, detail: str, reason: FailReason = FailReason.STORE_ERROR
+    ) -> list[Effect]:
+        """The store could not do ``request_id``; the turn fails with ``reason`` (a new
+        child's first write can also find its id taken, ``spawn_error``, or run elsewhere,
+        ``busy``)."""
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
         if self.phase is _Phase.COMPACTING:
             return self._compaction_failed(f"the store could not compact: {detail}")
-        return self.finish_turn(TurnFailed(self.state.id, FailReason.STORE_ERROR, detail))
+        return self.finish_turn(TurnFailed(self.state.id, reason, detail))
 
     def model_answer(self, answer: ModelAnswer) -> list[Effect]:
         """The model answered; a stale answer (another request id) is ignored."""

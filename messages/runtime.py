@@ -82,11 +82,15 @@ class OpenSession(Message, frozen=True):
 class CreateChild(Message, frozen=True):
     """Create child ``session`` of ``parent`` with its first user message, in one transaction.
 
-    The child is stored on ``slot`` with ``baseline``, ``untrusted`` as its parent's flag at the
-    spawn, ``first`` as its only message and one turn counted, and answered ``SessionLoaded``
-    (``created=True``). A stored record that the same parent's spawn created is opened as it is
-    (``created=False``, ``first`` not stored); any other stored record with that id is
-    ``StoreFailed(taken=True)`` and nothing of it is used.
+    The child is stored on ``slot`` with ``baseline``, ``untrusted`` (its parent's flag at the
+    spawn, or its own by then), ``first`` and then ``more`` as its messages, ``next_call_id``
+    and one turn counted, and answered ``SessionLoaded`` (``created=True``). A stored record
+    that the same parent's spawn created is opened as it is (``created=False``, nothing
+    stored); any other stored record with that id is ``StoreFailed(taken=True)`` and nothing
+    of it is used.
+
+    The Context builds it at the spawn and hands it to the child in its ``RunTurn``; the child
+    sends it as its first write, with what its turn stores first as ``more``.
     """
 
     session: SessionId
@@ -99,6 +103,9 @@ class CreateChild(Message, frozen=True):
     request_id: int = 0
     agent: str = "default"
     """The agent profile the child runs."""
+    more: tuple[ChatMessage, ...] = ()
+    """Messages stored after ``first``, in the same transaction."""
+    next_call_id: int = 1
 
 
 class SessionLoaded(Message, frozen=True):
@@ -177,6 +184,11 @@ class RunTurn(Message, frozen=True):
     ``text`` must be a ``str`` and ``speaker`` a ``str`` or None, both valid Unicode text.
     ``trace`` is the trace context the turn belongs under (from its StartTurn or
     SubagentRequest).
+
+    ``create``: a new child's record is not stored yet. Its first write is this request, with
+    the messages to store added as ``CreateChild.more``, in place of an ``AppendMessages``: a
+    child that answers at once costs one transaction, not two. A turn that ends before it
+    stores anything sends it as it is, so the child's record exists all the same.
     """
 
     text: str
@@ -184,6 +196,7 @@ class RunTurn(Message, frozen=True):
     stored: bool = False
     pool: SlotPool = "main"
     trace: dict[str, str] | None = None
+    create: CreateChild | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

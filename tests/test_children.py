@@ -10,6 +10,7 @@ import itertools
 import threading
 from datetime import UTC, datetime
 
+import msgspec
 import pykka
 import pytest
 
@@ -29,12 +30,15 @@ from messages import (
     ChatMessage,
     CreateChild,
     FailReason,
+    ModelAnswer,
+    ModelError,
     ModelRequest,
     OpenSession,
     ScheduledTurn,
     SessionLoaded,
     SessionRecord,
     StoreFailed,
+    SubagentCompleted,
     SubagentFailed,
     SubagentFinished,
     SubagentRequest,
@@ -48,7 +52,8 @@ WAIT = 10.0
 
 @pytest.fixture
 def harness(tmp_path):
-    """A Context whose store, model and parent session are probes."""
+    """A Context whose store, model and parent session are probes, and the directory they
+    share (a probe plays the store or the model by telling answers to a ``reply_to``)."""
     directory = Directory()
     store, model, parent = Probe.start(name="store"), Probe.start(name="model"), Probe.start()
     directory.register(STORE, store)
@@ -61,7 +66,7 @@ def harness(tmp_path):
     context = ContextActor.start(
         Config(home=str(tmp_path)), directory, Registry(), memory, env, lambda: NOW
     )
-    yield context, store, model, parent
+    yield context, store, model, parent, directory
     context.stop()
     for address in directory.addresses():  # the child actors the Context started
         ref = directory.get(address)
@@ -73,40 +78,64 @@ def harness(tmp_path):
 
 
 @pytest.mark.parametrize("untrusted", [False, True])
-def test_a_child_is_created_in_one_store_request_and_asks_the_model_at_once(
+def test_a_child_asks_the_model_at_once_and_is_stored_with_its_first_write(
     harness, untrusted: bool
 ) -> None:
-    context, store, model, _ = harness
+    context, store, model, parent, directory = harness
     context.tell(SubagentRequest("p", 3, "look it up", untrusted=untrusted))
+    request = model.expect(ModelRequest)
+    first = ChatMessage(role="user", content="It is 2026-11-30T07:00:00Z.\n\nlook it up")
+    assert request.session == "sub-p-3"
+    assert request.messages[1:] == (first,)
+    assert request.messages[0].content  # built from config and memory, nothing of the parent's
+    # No store request before the model request: no open, no create.
+    assert store.received == []
+
+    answer = ModelAnswer("sub-p-3", request.request_id, "found it")
+    directory.tell(request.reply_to, answer)
+    # One store request for the child: its record, first message and answer together.
     create = store.expect(CreateChild)
     assert (create.session, create.parent, create.untrusted) == ("sub-p-3", "p", untrusted)
-    assert create.first == ChatMessage(
-        role="user", content="It is 2026-11-30T07:00:00Z.\n\nlook it up"
-    )
-    assert create.baseline.system  # built from config and memory, nothing of the parent's
+    assert create.first == first
+    assert create.more == (ChatMessage(role="assistant", content="found it"),)
+    assert create.reply_to == session_address("sub-p-3")
+    store.expect_none(within=0.1, what=(OpenSession, AppendMessages))
 
     record = SessionRecord(
-        "sub-p-3", create.baseline, create.slot, (create.first,), 1, 1, untrusted, parent="p"
+        "sub-p-3", create.baseline, create.slot, (first, *create.more), 1, 1, untrusted, "p"
     )
-    context.tell(SessionLoaded(record, True, create.request_id))
-    request = model.expect(ModelRequest)
-    assert request.session == "sub-p-3"
-    assert request.messages[1:] == (create.first,)
-    # No open round trip before the create, and nothing stored twice before the model request.
-    assert [type(m) for m in store.received] == [CreateChild]
-    store.expect_none(within=0.1, what=(OpenSession, AppendMessages))
+    directory.tell(create.reply_to, SessionLoaded(record, True, create.request_id))
+    done = parent.expect(SubagentCompleted)
+    assert (done.child, done.call_id, done.summary) == ("sub-p-3", 3, "found it")
 
 
 def test_a_child_id_taken_by_a_forged_record_fails_the_spawn(harness) -> None:
-    context, store, model, parent = harness
+    context, store, model, parent, directory = harness
     context.tell(SubagentRequest("p", 1, "task"))
+    request = model.expect(ModelRequest)
+    directory.tell(request.reply_to, ModelAnswer("sub-p-1", request.request_id, "done"))
     create = store.expect(CreateChild)
     detail = "session 'sub-p-1': the id is taken: its stored record was not created by ..."
-    context.tell(StoreFailed("sub-p-1", detail, request_id=create.request_id, taken=True))
+    directory.tell(
+        create.reply_to, StoreFailed("sub-p-1", detail, request_id=create.request_id, taken=True)
+    )
     failed = parent.expect(SubagentFailed)
     assert (failed.child, failed.call_id, failed.reason) == ("sub-p-1", 1, FailReason.SPAWN_ERROR)
     assert "taken" in failed.detail
-    model.expect_none(within=0.1)
+    model.expect_none(within=0.1, what=ModelRequest)  # nothing more is asked
+
+
+def test_a_child_that_fails_before_storing_anything_is_stored_all_the_same(harness) -> None:
+    context, store, model, parent, directory = harness
+    context.tell(SubagentRequest("p", 2, "task"))
+    request = model.expect(ModelRequest)
+    directory.tell(
+        request.reply_to, ModelError("sub-p-2", request.request_id, "the server is down")
+    )
+    failed = parent.expect(SubagentFailed)
+    assert failed.reason is FailReason.MODEL_ERROR
+    create = store.expect(CreateChild)  # its record and first message, nothing more
+    assert (create.session, create.more) == ("sub-p-2", ())
 
 
 # End to end, on a real store.
@@ -235,7 +264,12 @@ def test_a_pre_seeded_child_id_is_not_taken_over(loopd_runtime, loopd_config, pr
         before = store.history("sub-p-1")
 
     def script(request: ModelRequest):
-        assert request.session == "p", "the forged record must never reach the model"
+        # The child asks with its own first message only: nothing of the forged record is
+        # read, and its first write (before any tool could run) finds the id taken.
+        text = msgspec.json.encode(request.messages).decode()
+        assert "wire the money" not in text and "forger" not in text
+        if request.session == "sub-p-1":
+            return reply("I will pay it.")
         last = request.messages[-1]
         return call("subagent", task="pay the bill") if last.role == "user" else reply(last.content)
 
@@ -252,6 +286,40 @@ def test_a_pre_seeded_child_id_is_not_taken_over(loopd_runtime, loopd_config, pr
     rt.stop()
     with SessionStore(loopd_config.home_path / DB_NAME) as store:
         assert store.history("sub-p-1") == before  # nothing added, nothing used
+
+
+def test_a_child_whose_record_its_parent_made_before_starts_over_on_it(
+    loopd_runtime, loopd_config
+) -> None:
+    # A record p's spawn made before (a turn a crash cut off): the child's first write finds
+    # it, drops what it had, and runs its turn again on the stored transcript.
+    old = ChatMessage(role="user", content="It is 2026-11-29T07:00:00Z.\n\nthe old task")
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        store.create_child("sub-p-1", "p", Baseline(system="s"), 1, untrusted=False, first=old)
+    asked: list[ModelRequest] = []
+
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if request.session == "sub-p-1":
+            asked.append(request)
+            return reply(f"answer {len(asked)}")
+        return call("subagent", task="the new task") if last.role == "user" else reply("ok")
+
+    rt = loopd_runtime(script)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "ok")
+    rt.stop()
+    fresh, second = asked
+    assert fresh.messages[1:] != second.messages[1:]  # the first ran on a fresh record
+    assert second.messages[0].content == "s"  # the stored baseline, not a new one
+    assert second.messages[1] == old
+    assert second.messages[-1].content.endswith("the new task")
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        history = [m.message.content for m in store.history("sub-p-1")]
+    # The stored transcript, then this turn: its text and the answer it got the second time.
+    assert history[0] == old.content
+    assert history[-2].endswith("the new task")
+    assert history[-1] == "answer 2"
+    assert "answer 1" not in history
 
 
 def test_a_turn_fails_when_the_store_file_is_removed_while_the_runtime_runs(

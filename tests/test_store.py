@@ -728,6 +728,32 @@ def test_a_child_is_created_with_its_first_message_its_parent_and_its_flag(
         assert store.list_sessions()[0].parent == "p"
 
 
+def test_a_childs_first_write_stores_its_first_message_and_what_followed_at_once(
+    store: Any,
+) -> None:
+    # A child's record is created by its first write: its first message, then what its turn
+    # stored first (here its answer), with the counters the turn has by then.
+    answer = ChatMessage(role="assistant", content="done")
+    record, created = store.create_child(
+        "sub-p-1",
+        "p",
+        BASELINE,
+        1,
+        untrusted=True,
+        first=user("task"),
+        more=(answer,),
+        next_call_id=3,
+    )
+    assert created
+    assert record.transcript == (user("task"), answer)
+    assert (record.turns, record.next_call_id, record.untrusted) == (1, 3, True)
+    assert store.open("sub-p-1") == record
+    assert [m.message for m in store.history("sub-p-1")] == [user("task"), answer]
+    # Its next write appends after them.
+    store.append("sub-p-1", [user("more")], turns=1, next_call_id=3, untrusted=True)
+    assert [m.seq for m in store.history("sub-p-1")] == [1, 2, 3]
+
+
 def test_a_child_record_its_parent_created_is_opened_as_stored(store: Any) -> None:
     first, _ = store.create_child("sub-p-1", "p", BASELINE, 1, untrusted=False, first=user("a"))
     again, created = store.create_child("sub-p-1", "p", OTHER, 0, untrusted=False, first=user("b"))
