@@ -305,9 +305,21 @@ def unwrap_call_tool(arguments: str) -> tuple[str, str]:
     return name, text
 
 
+_last_clock_text: tuple[float, str] = (float("nan"), "")
+
+
 def clock_text(now: datetime) -> str:
     """``now`` as the clock tool gives it: RFC 3339, UTC, whole seconds, ``Z``."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Every child's first message and every clock call say the time: the text of the last
+    # second is kept (one tuple, swapped whole, so threads may share it).
+    global _last_clock_text
+    second = now.timestamp() // 1
+    last = _last_clock_text
+    if last[0] == second:
+        return last[1]
+    text = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _last_clock_text = (second, text)
+    return text
 
 
 def _check_clock_arguments(arguments: str) -> None:

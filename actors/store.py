@@ -30,6 +30,7 @@ import queue
 import re
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -216,9 +217,22 @@ class StoredMessage(msgspec.Struct, frozen=True):
     at: str
 
 
+_last_now: tuple[int, str] = (-1, "")
+
+
 def _now() -> str:
     """The current time, RFC 3339 UTC with milliseconds (text sorts in time order)."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    # A write batch asks for it several times within one millisecond: the last text is kept
+    # (one tuple, swapped whole, so threads may share it).
+    global _last_now
+    ms = time.time_ns() // 1_000_000
+    last = _last_now
+    if last[0] == ms:
+        return last[1]
+    at = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+    text = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    _last_now = (ms, text)
+    return text
 
 
 _ENCODER = msgspec.json.Encoder()
