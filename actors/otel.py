@@ -55,6 +55,7 @@ class OtelTracer:
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
+        self._given = tracer_provider is not None
         self._lock = threading.Lock()
         self._turns: dict[str, Span] = {}
         self._models: dict[tuple[str, int], Span] = {}
@@ -79,8 +80,19 @@ class OtelTracer:
             span = self._tools.get((session, call_id))
         return None if span is None else _inject(span)
 
+    def recording(self) -> bool:
+        """Whether spans go anywhere: a provider was given, or the application has set a global
+        one. Until then (the API installed, no SDK set up) every event is passed over: a
+        non-recording span per turn, request and call cost a child a tenth of its time."""
+        if self._given:
+            return True
+        provider = trace.get_tracer_provider()
+        return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
     def on_event(self, event: TurnEvent, trace_context: Trace | None) -> None:
-        """Open or close the span ``event`` marks."""
+        """Open or close the span ``event`` marks (nothing while no provider records)."""
+        if not self.recording():
+            return
         match event:
             case TurnStarted():
                 self._turn_started(event, trace_context)

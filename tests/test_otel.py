@@ -158,6 +158,40 @@ def test_without_opentelemetry_nothing_of_it_is_imported(tmp_path: Path) -> None
     assert done.stdout.strip() == "clean"
 
 
+def test_until_the_application_sets_a_provider_no_span_is_made() -> None:
+    """With the API installed but no provider set, events are passed over (no span objects
+    kept per turn); once the application sets a provider, the next turn is traced."""
+    code = textwrap.dedent(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from actors.otel import OtelTracer
+        from messages import TurnEnded, TurnStarted
+        tracer = OtelTracer()
+        tracer.on_event(TurnStarted(session="a", slot=0), None)
+        assert not tracer.recording() and tracer._turns == {}, tracer._turns
+        tracer.on_event(TurnEnded(session="a", completed=True), None)
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        assert tracer.recording()
+        tracer.on_event(TurnStarted(session="b", slot=0), None)
+        tracer.on_event(TurnEnded(session="b", completed=True), None)
+        print([span.name for span in exporter.get_finished_spans()])
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['invoke_agent b']"
+
+
 def test_with_opentelemetry_installed_the_default_tracer_is_otels(loopd_runtime) -> None:
     rt = loopd_runtime([reply("ok")])
     assert isinstance(rt.tracer, OtelTracer)
