@@ -32,6 +32,7 @@ import queue
 import threading
 import traceback
 from collections.abc import Awaitable, Callable, Hashable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import msgspec
@@ -162,7 +163,9 @@ class ModelService:
     ``concurrency``. ``grace_s`` is how long a cut-off request's slot stays out of use.
     Every error text (a ``ModelError``'s detail, which becomes the turn's and the events' text,
     and the log line) goes through ``scrub`` first, so an API key or URL credentials echoed by a
-    server or an HTTP library never leave loopd.
+    server or an HTTP library never leave loopd. ``lend_thread`` (the sessions' dispatcher's
+    ``lend``) is entered around each answer told: the session handles it on the loop's thread
+    instead of a dispatcher thread being woken for it.
     """
 
     def __init__(
@@ -175,8 +178,10 @@ class ModelService:
         grace_s: float = 3.0,
         scrub: Callable[[str], str] = _unchanged,
         name: str = "loopd-model",
+        lend_thread: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.model = model
+        self.lend_thread = lend_thread
         self.scrub = scrub
         self.directory = directory
         self.concurrency = concurrency
@@ -323,7 +328,8 @@ class ModelService:
                 reply = await self._run_model(request, slot)
             if isinstance(reply, ModelAnswer):
                 reply = msgspec.structs.replace(reply, slot=slot, slot_wait_s=round(waited, 6))
-            self.directory.tell(request.reply_to, reply)
+            with self.lend_thread():  # the session handles its answer here, on the loop
+                self.directory.tell(request.reply_to, reply)
         finally:
             if slot is not None and not handed:
                 # Cancelled while waiting for a permit: the slot never saw the request.

@@ -303,10 +303,11 @@ class Runtime:
             pools={name: config.slots.pool(name) for name in ("main", "background")},
             grace_s=config.model.disconnect_grace_s,
             scrub=functools.partial(redact, secrets=secrets),
+            lend_thread=dispatcher.lend,
         )
         try:
             refs[EVENTS] = EventBus.start(subscribers)
-            refs[STORE] = StoreActor.start(lambda: open_store(config), directory)
+            refs[STORE] = StoreActor.start(lambda: open_store(config), directory, dispatcher.lend)
             service.start()
             directory.register(MODEL, service)
             refs[PORT] = PortRouter.start(

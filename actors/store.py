@@ -23,6 +23,7 @@ what a session once said.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -33,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -967,10 +968,19 @@ class StoreActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> _Inbox:
         return _Inbox()
 
-    def __init__(self, path: str | Path | Callable[[], StoreBackend], directory: Directory) -> None:
+    def __init__(
+        self,
+        path: str | Path | Callable[[], StoreBackend],
+        directory: Directory,
+        lend_thread: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
         """``path`` is the database file (``<home>/loopd.db``), or a function that opens
-        another backend (PostgreSQL); ``directory`` finds replies."""
+        another backend (PostgreSQL); ``directory`` finds replies. ``lend_thread`` (the
+        sessions' dispatcher's ``lend``) is entered around each batch's answers: the first
+        requester handles its answer on this thread, between two batches, instead of a
+        dispatcher thread being woken for it."""
         super().__init__()
+        self.lend_thread = lend_thread
         if callable(path):
             self.opener: Callable[[], StoreBackend] = path
             self.path = Path()
@@ -1009,9 +1019,11 @@ class StoreActor(pykka.ThreadingActor):
         inbox = self.actor_inbox
         if self.max_batch > 1 and isinstance(inbox, _Inbox):
             batch += inbox.take_requests(self.max_batch - 1)
-        for request, reply in zip(batch, self._answers(batch), strict=True):
-            if not self.directory.tell(request.reply_to, reply):
-                log.debug("store reply to %s was not delivered", request.reply_to)
+        answers = self._answers(batch)
+        with self.lend_thread():  # the first requester handles its answer on this thread
+            for request, reply in zip(batch, answers, strict=True):
+                if not self.directory.tell(request.reply_to, reply):
+                    log.debug("store reply to %s was not delivered", request.reply_to)
         return None
 
     def _answers(self, batch: list[StoreRequest]) -> list[Any]:

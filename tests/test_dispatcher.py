@@ -203,6 +203,26 @@ def test_an_actor_told_from_a_handler_runs_next_on_the_same_thread(dispatcher) -
     assert actor_of(last).threads[::2] == actor_of(first).threads
 
 
+def test_a_lent_thread_runs_what_its_tells_make_ready_when_the_block_ends(dispatcher) -> None:
+    # What a store's or an event loop's thread does with its answers: no dispatcher thread
+    # is woken, and the chain the answer starts runs on the lent thread too.
+    last = Relay.start(dispatcher)
+    first = Relay.start(dispatcher, last)
+    first.ask("started")
+    last.ask("started")  # both idle now: no thread holds their mailboxes
+    actor_of(first).threads.clear()
+    actor_of(last).threads.clear()
+    here = threading.current_thread().name
+    for i in range(20):
+        with dispatcher.lend():
+            first.tell(i)
+            assert actor_of(first).threads == [here] * i  # not before the block ends
+        assert actor_of(first).threads == [here] * (i + 1)
+        assert actor_of(last).threads == [here] * (i + 1)
+    first.stop()
+    last.stop()
+
+
 def test_two_actors_telling_each_other_leave_the_thread_to_others() -> None:
     dispatcher = Dispatcher(1, name="ping-pong")
     [gate] = hold_every_thread(dispatcher, 1)

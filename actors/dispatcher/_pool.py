@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -9,7 +10,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
 import pykka
@@ -178,6 +179,32 @@ class Dispatcher:
             return
         self._ready.put(mailbox)
 
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[None]:
+        """Lend the calling thread to the dispatcher for the messages told inside the block.
+
+        For a thread of another actor that answers dispatched actors and then waits for its
+        next request (a store's, an event loop's): the first mailbox its answers make ready
+        goes to this thread's run-next slot and runs here when the block ends, with what it
+        tells in turn, instead of waking a dispatcher thread. Its handlers must not block,
+        which dispatched actors' never do. On one of the dispatcher's own threads, or inside
+        another ``lend``, it changes nothing.
+        """
+        worker = self._worker
+        if worker.running:
+            yield
+            return
+        worker.running = True
+        try:
+            yield
+        finally:
+            try:
+                mailbox, worker.next = worker.next, None
+                if mailbox is not None:
+                    self._run_chain(worker, mailbox)
+            finally:
+                worker.running = False
+
     def _work(self) -> None:
         worker = self._worker
         while True:
@@ -185,20 +212,24 @@ class Dispatcher:
             if mailbox is _STOP:
                 return
             worker.running = True
-            chained = 0
-            while mailbox is not None:
-                try:
-                    mailbox.run()
-                except BaseException:  # a bug in the mailbox itself: the thread must live on
-                    log.exception("dispatcher %s: a mailbox run failed", self.name)
-                mailbox, worker.next = worker.next, None
-                chained += 1
-                if mailbox is not None and chained >= RUN_NEXT_LIMIT:
-                    # Two actors telling each other back and forth would keep this thread
-                    # to themselves: after so many, the next one waits its turn in the queue.
-                    self._ready.put(mailbox)
-                    mailbox = None
+            self._run_chain(worker, mailbox)
             worker.running = False
+
+    def _run_chain(self, worker: _Worker, mailbox: Runnable | None) -> None:
+        """Run ``mailbox``, then whatever each run leaves in the run-next slot."""
+        chained = 0
+        while mailbox is not None:
+            try:
+                mailbox.run()
+            except BaseException:  # a bug in the mailbox itself: the thread must live on
+                log.exception("dispatcher %s: a mailbox run failed", self.name)
+            mailbox, worker.next = worker.next, None
+            chained += 1
+            if mailbox is not None and chained >= RUN_NEXT_LIMIT:
+                # Two actors telling each other back and forth would keep this thread to
+                # themselves: after so many, the next one waits its turn in the queue.
+                self._ready.put(mailbox)
+                mailbox = None
 
     # Timers.
 
