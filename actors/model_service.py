@@ -164,8 +164,8 @@ class ModelService:
     Every error text (a ``ModelError``'s detail, which becomes the turn's and the events' text,
     and the log line) goes through ``scrub`` first, so an API key or URL credentials echoed by a
     server or an HTTP library never leave loopd. ``lend_thread`` (the sessions' dispatcher's
-    ``lend``) is entered around each answer told: the session handles it on the loop's thread
-    instead of a dispatcher thread being woken for it.
+    ``lend``) is entered around an answer told while no other request is in flight: the session
+    handles it on the loop's thread instead of a dispatcher thread being woken for it.
     """
 
     def __init__(
@@ -328,7 +328,10 @@ class ModelService:
                 reply = await self._run_model(request, slot)
             if isinstance(reply, ModelAnswer):
                 reply = msgspec.structs.replace(reply, slot=slot, slot_wait_s=round(waited, 6))
-            with self.lend_thread():  # the session handles its answer here, on the loop
+            # With no other request in flight, the session handles its answer here, on the
+            # loop's thread; a busy loop leaves it to the dispatcher, to get back to its I/O.
+            lend = self.lend_thread if len(self._tasks) <= 1 else contextlib.nullcontext
+            with lend():
                 self.directory.tell(request.reply_to, reply)
         finally:
             if slot is not None and not handed:

@@ -976,9 +976,9 @@ class StoreActor(pykka.ThreadingActor):
     ) -> None:
         """``path`` is the database file (``<home>/loopd.db``), or a function that opens
         another backend (PostgreSQL); ``directory`` finds replies. ``lend_thread`` (the
-        sessions' dispatcher's ``lend``) is entered around each batch's answers: the first
-        requester handles its answer on this thread, between two batches, instead of a
-        dispatcher thread being woken for it."""
+        sessions' dispatcher's ``lend``) is entered around a batch's answers when no request
+        waits: the first requester handles its answer on this thread, between two batches,
+        instead of a dispatcher thread being woken for it."""
         super().__init__()
         self.lend_thread = lend_thread
         if callable(path):
@@ -1020,7 +1020,10 @@ class StoreActor(pykka.ThreadingActor):
         if self.max_batch > 1 and isinstance(inbox, _Inbox):
             batch += inbox.take_requests(self.max_batch - 1)
         answers = self._answers(batch)
-        with self.lend_thread():  # the first requester handles its answer on this thread
+        # With nothing waiting, the first requester handles its answer on this thread; with
+        # more requests waiting, the store gets on with them and the dispatcher with that.
+        lend = self.lend_thread if inbox.empty() else contextlib.nullcontext
+        with lend():
             for request, reply in zip(batch, answers, strict=True):
                 if not self.directory.tell(request.reply_to, reply):
                     log.debug("store reply to %s was not delivered", request.reply_to)
