@@ -354,11 +354,22 @@ class PgSessionStore:
         untrusted: bool,
         first: ChatMessage,
         agent: str = "default",
+        more: Sequence[ChatMessage] = (),
+        next_call_id: int = 1,
     ) -> tuple[SessionRecord, bool]:
-        """Store child ``id`` of ``parent`` with ``first``; True if it is new."""
+        """Store child ``id`` of ``parent`` with ``first``, then ``more``; True if it is new."""
         with self._transaction(id, "create the child") as cur:
             return self.create_child_in(
-                cur, id, parent, baseline, slot, untrusted=untrusted, first=first, agent=agent
+                cur,
+                id,
+                parent,
+                baseline,
+                slot,
+                untrusted=untrusted,
+                first=first,
+                agent=agent,
+                more=more,
+                next_call_id=next_call_id,
             )
 
     def create_child_in(
