@@ -5,8 +5,10 @@ These tests stand alone: they import pykka and ``actors.dispatcher``, nothing el
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -427,6 +429,30 @@ def test_call_later_calls_once_and_cancel_prevents_it(dispatcher) -> None:
     cancelled.cancel()
     assert done.wait(WAIT)
     assert calls == ["now", "later"]
+
+
+def test_cancelled_timers_hold_nothing_and_the_rest_still_fire_in_order(dispatcher) -> None:
+    # A child's time limit is cancelled when the child ends, long before it would fire: a
+    # runtime that spawns many children must not keep every one of them until then.
+    class Callback:
+        def __call__(self) -> None:
+            raise AssertionError("a cancelled timer fired")
+
+    far = [Callback() for _ in range(1000)]
+    refs = [weakref.ref(fn) for fn in far]
+    handles = [dispatcher.call_later(3600, fn) for fn in far]
+    del far
+    fired: list[int] = []
+    done = threading.Event()
+    for i in range(5):
+        dispatcher.call_later(0.01 * (5 - i), lambda i=i: fired.append(i))
+    dispatcher.call_later(0.1, done.set)
+    for handle in handles:
+        handle.cancel()
+    gc.collect()
+    assert all(ref() is None for ref in refs)  # let go at cancel, not at 3600 s
+    assert done.wait(WAIT)
+    assert fired == [4, 3, 2, 1, 0]
 
 
 def test_an_actor_cannot_shut_down_its_own_dispatcher(dispatcher) -> None:

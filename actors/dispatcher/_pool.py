@@ -72,19 +72,33 @@ class Runnable(Protocol):
         """Give up on an actor that did not stop in time: refuse what it was sent."""
 
 
+def _nothing() -> None:
+    return None
+
+
 class TimerHandle:
     """A call scheduled with :meth:`Dispatcher.call_later`; :meth:`cancel` drops it."""
 
-    __slots__ = ("cancelled", "fn", "when")
+    __slots__ = ("_owner", "cancelled", "fn", "when")
 
-    def __init__(self, when: float, fn: Callable[[], object]) -> None:
+    def __init__(
+        self, when: float, fn: Callable[[], object], owner: Dispatcher | None = None
+    ) -> None:
         self.when = when
         self.fn = fn
         self.cancelled = False
+        self._owner = owner
 
     def cancel(self) -> None:
-        """Do not make the call (no effect once it is made)."""
+        """Do not make the call (no effect once it is made). The function is let go at once,
+        and the dispatcher sweeps cancelled timers out once they are half of its timers: a
+        child's time limit, cancelled when the child ends, holds nothing until it would fire."""
+        if self.cancelled:
+            return
         self.cancelled = True
+        self.fn = _nothing
+        if self._owner is not None:
+            self._owner._timer_cancelled()
 
 
 _STOP = None
@@ -118,6 +132,7 @@ class Dispatcher:
         self._awaited: list[set[Runnable]] = []  # one set per stop_actors call waiting
         self._closed = False
         self._timers: list[tuple[float, int, TimerHandle]] = []
+        self._cancelled_timers = 0  # cancelled handles still in _timers
         self._timer_seq = itertools.count()
         self._timer_cond = threading.Condition()
         self._timer_thread: threading.Thread | None = None
@@ -238,7 +253,7 @@ class Dispatcher:
 
         Calls made while shutting down are dropped. An exception in ``fn`` is logged.
         """
-        handle = TimerHandle(time.monotonic() + max(0.0, delay), fn)
+        handle = TimerHandle(time.monotonic() + max(0.0, delay), fn, self)
         with self._timer_cond:
             if self._closed:
                 handle.cancel()
@@ -249,8 +264,19 @@ class Dispatcher:
                     target=self._run_timers, name=f"{self.name}-timer", daemon=True
                 )
                 self._timer_thread.start()
-            self._timer_cond.notify()
+            elif self._timers[0][2] is handle:
+                # Only a new earliest timer changes how long the timer thread sleeps: waking
+                # it for every child's time limit would cost a wake-up per child.
+                self._timer_cond.notify()
         return handle
+
+    def _timer_cancelled(self) -> None:
+        with self._timer_cond:
+            self._cancelled_timers += 1
+            if self._cancelled_timers > 64 and 2 * self._cancelled_timers > len(self._timers):
+                self._timers = [entry for entry in self._timers if not entry[2].cancelled]
+                heapq.heapify(self._timers)
+                self._cancelled_timers = 0
 
     def _run_timers(self) -> None:
         with self._timer_cond:
@@ -265,6 +291,7 @@ class Dispatcher:
                     continue
                 heapq.heappop(self._timers)
                 if handle.cancelled:
+                    self._cancelled_timers = max(0, self._cancelled_timers - 1)
                     continue
                 self._timer_cond.release()
                 try:
@@ -330,6 +357,7 @@ class Dispatcher:
                 break
         with self._timer_cond:
             self._timers.clear()
+            self._cancelled_timers = 0
             self._timer_cond.notify_all()
         if first:
             for _ in self._threads:
