@@ -21,7 +21,7 @@ from actors.dispatch import ArgumentError, Registry, child_id, descends_from
 from actors.dispatcher import DispatchedActor, TimerHandle
 from actors.memory import MemorySource
 from actors.passivation import IdleSessions
-from actors.session import SessionActor, SessionEnv
+from actors.session import SessionActor, SessionEnv, store_failure_reason
 from actors.spawn import build_baseline, child_summary, child_text
 from messages import (
     Baseline,
@@ -470,12 +470,7 @@ class ContextActor(DispatchedActor):
             return
         if not msg.missing:
             self._release(msg.session)
-            # A child id whose record its parent did not create is a failed spawn, not a
-            # broken store: the record is left as it is and nothing of it is used.
-            reason = FailReason.SPAWN_ERROR if msg.taken else FailReason.STORE_ERROR
-            if msg.held_elsewhere:  # another process runs it (a shared store's lock)
-                reason = FailReason.BUSY
-            self._answer_failure(hold, reason, msg.detail)
+            self._answer_failure(hold, store_failure_reason(msg), msg.detail)
             return
         try:
             baseline = self._baseline(hold.session, hold.agent or DEFAULT_AGENT)
@@ -506,8 +501,6 @@ class ContextActor(DispatchedActor):
     def _agent_fits(self, hold: Hold, stored: str) -> bool:
         """Whether ``hold`` may run a session stored with profile ``stored``; if not, the hold
         is released and answered ``WRONG_AGENT`` (nothing was stored for it)."""
-        if hold.is_child:
-            return True  # a child id is only ever created by its parent's spawn, with its agent
         if stored not in self.agents:
             detail = (
                 f"session {hold.session} runs the agent profile {stored}, which the config no "

@@ -65,7 +65,7 @@ from messages import (
     ToolDone,
 )
 
-__all__ = ["SessionActor", "SessionEnv"]
+__all__ = ["SessionActor", "SessionEnv", "store_failure_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,15 @@ class SessionEnv:
         if name != DEFAULT_AGENT:
             raise KeyError(name)
         return Agent(DEFAULT_AGENT, AgentConfig(), self.registry, RequestOptions())
+
+
+def store_failure_reason(failed: StoreFailed) -> FailReason:
+    """The reason a turn fails with when the store answers ``failed``."""
+    if failed.taken:  # a child id whose record its parent's spawn did not create: not ours
+        return FailReason.SPAWN_ERROR
+    if failed.held_elsewhere:  # another process runs it (a shared store's lock)
+        return FailReason.BUSY
+    return FailReason.STORE_ERROR
 
 
 class SessionActor(DispatchedActor):
@@ -181,11 +190,7 @@ class SessionActor(DispatchedActor):
         elif isinstance(message, SessionLoaded):
             effects = self._created(turn, message)
         elif isinstance(message, StoreFailed):
-            reason = FailReason.STORE_ERROR
-            if message.taken:  # a record its parent's spawn did not create: not ours to use
-                reason = FailReason.SPAWN_ERROR
-            elif message.held_elsewhere:  # another process runs it (a shared store's lock)
-                reason = FailReason.BUSY
+            reason = store_failure_reason(message)
             effects = turn.store_failed(message.request_id, message.detail, reason)
         elif isinstance(message, ModelAnswer):
             effects = turn.model_answer(message)
