@@ -346,6 +346,18 @@ def test_the_registry_lists_an_actor_only_while_it_lives(dispatcher) -> None:
     assert dispatcher.actor_count() == 0
 
 
+def test_a_stopped_actor_leaves_the_registry_wherever_it_stands_in_it(dispatcher) -> None:
+    # Stopping looks at the newest entries first: the oldest, one in the middle and the
+    # newest of 300 must each leave, and every other entry stay, in start order.
+    refs = [Recorder.start(dispatcher) for _ in range(300)]
+    for index in (0, 150, 299, 298, 1):
+        refs[index].stop()
+    left = [ref for ref in pykka.ActorRegistry.get_all() if ref in set(refs)]
+    assert left == [ref for i, ref in enumerate(refs) if i not in {0, 1, 150, 298, 299}]
+    dispatcher.stop_actors(refs, WAIT)
+    assert not set(pykka.ActorRegistry.get_all()) & set(refs)
+
+
 def test_stop_actors_stops_them_together_after_what_they_were_sent(dispatcher) -> None:
     refs = [Recorder.start(dispatcher) for _ in range(200)]
     for ref in refs:

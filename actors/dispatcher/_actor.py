@@ -6,6 +6,7 @@ import logging
 import sys
 import threading
 from collections import deque
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -34,6 +35,36 @@ def _refuse(envelope: Envelope[Any], actor: pykka.Actor) -> None:
         return
     dead = ActorDeadError(f"{actor.actor_ref} stopped before handling the message")
     envelope.reply_to.set_exception(exc_info=(ActorDeadError, dead, None))
+
+
+_RECENT = 64
+"""Registry entries :func:`_unregister` looks through first, from the newest back."""
+
+
+def _unregister(ref: pykka.ActorRef[Any]) -> None:
+    """``ActorRegistry.unregister(ref)``, without its two scans of the whole registry.
+
+    pykka keeps the registry as a list in start order, and its ``unregister`` scans it twice
+    (``in``, then ``remove``). With 100,000 live sessions that is about 3 ms for every child
+    that stops, though a child was registered a moment ago, near the end. So the newest
+    ``_RECENT`` entries are searched first, then the rest, once. Should pykka keep its registry
+    some other way, its own method is used.
+    """
+    refs = getattr(ActorRegistry, "_actor_refs", None)
+    lock = getattr(ActorRegistry, "_actor_refs_lock", None)
+    if type(refs) is not list or lock is None:
+        ActorRegistry.unregister(ref)
+        return
+    with lock:
+        start = max(0, len(refs) - _RECENT)
+        try:
+            index = refs.index(ref, start)
+        except ValueError:
+            try:
+                index = refs.index(ref, 0, start)
+            except ValueError:
+                return
+        del refs[index]
 
 
 def _receive(actor: pykka.Actor, envelope: Envelope[Any]) -> None:
@@ -116,7 +147,7 @@ class _Mailbox:
             self._dispatcher.attach(self)
         except DispatcherClosed:
             self._actor.actor_stopped.set()
-            ActorRegistry.unregister(self._actor.actor_ref)
+            _unregister(self._actor.actor_ref)
             self.close()
             raise
         with self._lock:
@@ -180,7 +211,7 @@ class _Mailbox:
     def abandon(self) -> None:
         assert self._actor is not None
         self._actor.actor_stopped.set()
-        ActorRegistry.unregister(self._actor.actor_ref)
+        _unregister(self._actor.actor_ref)
         self.close()
 
 
@@ -231,3 +262,28 @@ class DispatchedActor(pykka.Actor):
         inbox = self.actor_inbox
         assert isinstance(inbox, _Mailbox)
         inbox.open()
+
+    # pykka's own two, but leaving the registry by _unregister.
+
+    def _stop(self) -> None:
+        _unregister(self.actor_ref)
+        self.actor_stopped.set()
+        log.debug("Stopped %s", self)
+        try:
+            self.on_stop()
+        except Exception:
+            self._handle_failure(*sys.exc_info())
+
+    def _handle_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        log.error(
+            "Unhandled exception in %s:",
+            self,
+            exc_info=(exception_type, exception_value, traceback),  # type: ignore[arg-type]
+        )
+        _unregister(self.actor_ref)
+        self.actor_stopped.set()
