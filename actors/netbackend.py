@@ -218,7 +218,7 @@ class _OneConnection:
     """What :func:`plain_transport` keeps where httpx's transport keeps its pool: one
     keep-alive HTTP/1.1 connection (httpcore's), for one request at a time.
 
-    A connection that is closed, past its keep-alive time or closed by the server (readable
+    A connection that is not idle, past its keep-alive time or closed by the server (readable
     while idle) is replaced by a new one before a request. httpx's transport only calls
     ``handle_async_request`` and ``aclose`` on it, and maps httpcore's errors to its own.
     """
@@ -230,7 +230,9 @@ class _OneConnection:
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
         """Send ``request`` on the connection, opening one first if need be."""
         connection = self._connection
-        if connection is not None and (connection.is_closed() or connection.has_expired()):
+        # Kept, a connection is idle: one that is not (closed, or a response never closed)
+        # or has expired (past its keep-alive time, or closed by the server) is replaced.
+        if connection is not None and (not connection.is_idle() or connection.has_expired()):
             self._connection = None
             await connection.aclose()
             connection = None

@@ -184,6 +184,32 @@ def test_a_keep_alive_connection_the_server_closed_is_not_reused() -> None:
     run(main())
 
 
+def test_a_connection_whose_response_was_left_open_is_not_reused() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                got = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(answer(got))
+            await writer.drain()
+
+    async def main() -> None:
+        async with serving(reply) as (port, accepted):
+            transport = plain_transport()
+            url = f"http://127.0.0.1:{port}/"
+            # The first answer is never read nor closed: its connection is still busy.
+            await transport.handle_async_request(httpx.Request("POST", url, content=b"one"))
+            second = await transport.handle_async_request(
+                httpx.Request("POST", url, content=b"two")
+            )
+            assert await second.aread() == b"two"
+            await transport.aclose()
+        assert accepted == [1, 2]
+
+    run(main())
+
+
 def test_a_name_is_resolved_and_each_address_tried() -> None:
     async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(answer(await read_request(reader), close=True))
