@@ -797,7 +797,7 @@ class HttpChatModel:
                 new: Callable[[], httpx.AsyncBaseTransport]
                 if self._http_url.scheme == "http":
                     # Plain HTTP (a llama.cpp server, say): one connection on asyncio's own
-                    # sockets, with no pool, costs 40% less CPU a request (actors.netbackend).
+                    # sockets, with no pool: half the CPU a request (actors.netbackend).
                     new = plain_transport
                 else:
                     one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
