@@ -14,6 +14,8 @@ from typing import Any
 import msgspec
 import pykka
 import pytest
+from pykka import ThreadingFuture
+from pykka._envelope import Envelope
 
 from actors.directory import STORE, Directory
 from actors.store import (
@@ -25,6 +27,7 @@ from actors.store import (
     StoreActor,
     StoreError,
     StoreFileReplaced,
+    _Inbox,
 )
 from actors.testing import Probe
 from messages import (
@@ -838,6 +841,21 @@ def test_requests_waiting_in_the_inbox_commit_in_one_transaction_and_fail_alone(
         assert reader.open("b").transcript == (user("summary"),)
         assert reader.open("c").next_call_id == 5
         assert reader.open("sub-a-1").untrusted
+
+
+def test_the_inbox_hands_over_the_requests_at_its_head_and_keeps_the_rest_in_order() -> None:
+    inbox = _Inbox()
+    first, second, later = append("a", 1, "1"), append("a", 2, "2"), append("a", 3, "3")
+    ask = Envelope(append("a", 9, "asked"), reply_to=ThreadingFuture())
+    for envelope in (Envelope(first), Envelope(second), ask, Envelope(later)):
+        inbox.put(envelope)
+    # The plain requests at the head go together; the ask ends the run and stays first.
+    assert inbox.take_requests(10) == [first, second]
+    assert inbox.take_requests(10) == []
+    assert not inbox.empty()
+    assert inbox.get() is ask
+    assert inbox.take_requests(1) == [later]
+    assert inbox.empty()
 
 
 def test_with_group_commit_off_each_request_is_its_own_transaction(
