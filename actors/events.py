@@ -9,6 +9,7 @@ from typing import Any
 
 import pykka
 
+from actors.inbox import SimpleInbox
 from messages import TurnEvent
 
 __all__ = ["EventBus", "EventSink", "Subscribers"]
@@ -54,6 +55,10 @@ class EventBus(pykka.ThreadingActor):
     Events from one session arrive in the order that session emitted them. A subscriber that
     raises is logged and keeps its subscription.
     """
+
+    @staticmethod
+    def _create_actor_inbox() -> SimpleInbox:
+        return SimpleInbox()
 
     def __init__(self, subscribers: Subscribers) -> None:
         super().__init__()

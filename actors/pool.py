@@ -29,6 +29,7 @@ from typing import Any
 import pykka
 
 from actors.directory import Directory
+from actors.inbox import SimpleInbox
 from actors.tool_loop import ToolLoop
 from messages import CancelPortCall
 
@@ -130,6 +131,10 @@ class PoolWorker(pykka.ThreadingActor):
     # A worker may be stuck in a request when the runtime stops; it must not keep the process up.
     use_daemon_thread = True
 
+    @staticmethod
+    def _create_actor_inbox() -> SimpleInbox:
+        return SimpleInbox()
+
     def __init__(
         self,
         index: int,
@@ -173,6 +178,10 @@ class PortRouter(pykka.ThreadingActor):
     ``on_timeout``'s reply and its cancel signal is set; its worker is busy until the tool
     returns.
     """
+
+    @staticmethod
+    def _create_actor_inbox() -> SimpleInbox:
+        return SimpleInbox()
 
     def __init__(
         self,

@@ -32,7 +32,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
@@ -41,10 +41,10 @@ from typing import Any, TypeVar
 
 import msgspec
 import pykka
-from pykka._envelope import Envelope
 
 from actors.backend import StoreBackend
 from actors.directory import Directory
+from actors.inbox import SimpleInbox
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import (
@@ -924,33 +924,11 @@ StoreRequest = OpenSession | CreateChild | AppendMessages | CompactHistory
 _REQUESTS = (OpenSession, CreateChild, AppendMessages, CompactHistory)
 
 
-class _Inbox:
-    """The store actor's pykka inbox: a C ``SimpleQueue``, and the run of store requests at
-    its head for the actor to take in one go.
+class _Inbox(SimpleInbox):
+    """The store actor's inbox: a :class:`~actors.inbox.SimpleInbox` that hands over the run
+    of store requests at its head, for the actor to write in one transaction."""
 
-    ``queue.Queue`` (pykka's default) does its locking in Python: every put and get takes and
-    drops the GIL a few times more, and with the store's thread and the sender's both awake
-    those turns became hand-offs of the GIL. A ping-pong between two threads takes 31 µs a
-    round on it and 15.5 µs on ``SimpleQueue``. Only the actor's own thread takes from it, so
-    an envelope taken ahead of its turn waits in ``_held``, read first.
-    """
-
-    __slots__ = ("_held", "_queue")
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Envelope[Any]] = queue.SimpleQueue()
-        self._held: deque[Envelope[Any]] = deque()
-
-    def put(self, envelope: Envelope[Any], /) -> None:
-        self._queue.put(envelope)
-
-    def get(self) -> Envelope[Any]:
-        if self._held:
-            return self._held.popleft()
-        return self._queue.get()
-
-    def empty(self) -> bool:
-        return not self._held and self._queue.empty()
+    __slots__ = ()
 
     def take_requests(self, limit: int) -> list[StoreRequest]:
         """Remove and return the store requests (plain tells) at the head, up to ``limit``.
