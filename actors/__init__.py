@@ -7,7 +7,7 @@ Embed it with :class:`Runtime`::
         reply = rt.run_turn("mm-thread", "hello", timeout=120)
 """
 
-from actors.config import (
+from actors.core.config import (
     AgentConfig,
     CompactConfig,
     Config,
@@ -16,12 +16,12 @@ from actors.config import (
     ModelConfig,
     SlotsConfig,
 )
-from actors.directory import Directory
-from actors.lock import HomeInUse
-from actors.memory import FileMemory, MemoryFailure, MemorySource
-from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure
-from actors.port import PortTool, ToolContext, ToolOutput, port_tool
+from actors.dispatcher.directory import Directory
+from actors.models.http import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure
 from actors.runtime import Runtime
+from actors.stores.lock import HomeInUse
+from actors.stores.memory import FileMemory, MemoryFailure, MemorySource
+from actors.tools.tool import PortTool, ToolContext, ToolOutput, port_tool
 
 __all__ = [
     "AgentConfig",

@@ -15,12 +15,12 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from actors.config import Config
-from actors.memory import MemorySource
-from actors.model import ChatModel
-from actors.port import PortTool
+from actors.core.config import Config
+from actors.models.http import ChatModel
 from actors.runtime import Runtime
-from actors.tracing import Tracer
+from actors.stores.memory import MemorySource
+from actors.tools.tool import PortTool
+from actors.tracing.base import Tracer
 from messages import CancelTurn, SubagentStarted, TurnEvent, TurnOutcome, check_session_id
 
 __all__ = ["AsyncRuntime", "AsyncStart"]

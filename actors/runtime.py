@@ -15,28 +15,34 @@ from typing import TYPE_CHECKING, Any, Self
 import msgspec
 import pykka
 
-from actors.agents import AgentEndpoints, Agents
-from actors.backend import open_store, shared_memory, shared_schedule
-from actors.config import Config, ConfigError, check_wait
-from actors.context import ContextActor
-from actors.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
-from actors.dispatch import Registry
+from actors.core.agents import AgentEndpoints, Agents
+from actors.core.config import Config, ConfigError, check_wait
+from actors.core.dispatch import Registry
+from actors.core.text import RedactFilter, redact
+from actors.core.turn import Limits
 from actors.dispatcher import Dispatcher
-from actors.events import EventBus, EventSink, Subscribers
-from actors.llama import read_props
-from actors.lock import HomeLock
-from actors.memory import MemorySource, default_memory
-from actors.model import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure, read_total_slots
-from actors.model_service import ModelService
-from actors.offline import check_real_model
-from actors.pool import PortRouter
-from actors.port import PortTool, port_async_job, port_error, port_handler, port_timeout
-from actors.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
-from actors.session import SessionEnv
-from actors.store import StoreActor
-from actors.text import RedactFilter, redact
-from actors.tracing import NoTracer, Tracer, default_tracer
-from actors.turn import Limits
+from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
+from actors.models.http import (
+    AsyncChatModel,
+    ChatModel,
+    HttpChatModel,
+    ModelFailure,
+    read_total_slots,
+)
+from actors.models.llama import read_props
+from actors.models.offline import check_real_model
+from actors.services.events import EventBus, EventSink, Subscribers
+from actors.services.model_service import ModelService
+from actors.services.pool import PortRouter
+from actors.services.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
+from actors.sessions.context import ContextActor
+from actors.sessions.session import SessionEnv
+from actors.stores.base import open_store, shared_memory, shared_schedule
+from actors.stores.lock import HomeLock
+from actors.stores.memory import MemorySource, default_memory
+from actors.stores.sqlite import StoreActor
+from actors.tools.tool import PortTool, port_async_job, port_error, port_handler, port_timeout
+from actors.tracing.base import NoTracer, Tracer, default_tracer
 from messages import (
     CancelTurn,
     ContextStatus,
@@ -50,7 +56,7 @@ from messages import (
 )
 
 if TYPE_CHECKING:
-    from actors.pgstore import PgMemory
+    from actors.stores.postgres import PgMemory
 
 __all__ = ["Runtime", "resolve_config"]
 
@@ -194,9 +200,9 @@ class Runtime:
         ``clock`` the wall clock (for tests that pin the time). ``slots.total = "auto"`` reads
         the server's slot count here (see :func:`resolve_config`); ``rt.config`` has the result.
         ``tracer`` gets every turn event for tracing; by default OpenTelemetry's when it is
-        installed (``loopd[otel]``), else none (:class:`actors.tracing.NoTracer`).
+        installed (``loopd[otel]``), else none (:class:`actors.tracing.base.NoTracer`).
 
-        Raises :class:`~actors.lock.HomeInUse` if another runtime holds ``config.home``.
+        Raises :class:`~actors.stores.lock.HomeInUse` if another runtime holds ``config.home``.
 
         With ``[cluster] engine = "ray"`` the sessions run on Ray shard actors and the facade
         returned is a :class:`~actors.cluster.ClusterRuntime` (``tools`` go to every shard;

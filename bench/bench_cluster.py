@@ -27,7 +27,7 @@ from typing import Any
 import ray
 
 from actors import Config, ModelConfig, Runtime
-from actors.config import ClusterConfig, StoreConfig
+from actors.core.config import ClusterConfig, StoreConfig
 from actors.testing import ChatServer, reply
 from actors.testing.postgres import PostgresServer
 from messages import TurnCompleted

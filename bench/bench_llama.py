@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "llama
 from llama_proxy import Proxy
 
 from actors import Config, Runtime
-from actors.config import LoopConfig, ModelConfig, SlotsConfig
+from actors.core.config import LoopConfig, ModelConfig, SlotsConfig
 
 SYSTEM = (
     "You are a careful assistant working inside loopd. Use the tools when they help. Keep "

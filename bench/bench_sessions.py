@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import Config, Runtime
-from actors.config import RuntimeConfig, SessionsConfig
+from actors.core.config import RuntimeConfig, SessionsConfig
 from actors.dispatcher import default_threads
 from messages import ModelAnswer, ModelRequest, TurnCompleted
 

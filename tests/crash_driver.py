@@ -27,9 +27,9 @@ import time
 from typing import Any
 
 from actors import CompactConfig, Config, ModelFailure, Runtime
+from actors.core.turn import COMPACT_INSTRUCTION
 from actors.testing import ScriptedModel, calls, reply
 from actors.testing.script import Answer
-from actors.turn import COMPACT_INSTRUCTION
 from messages import ModelRequest, TurnCompleted
 
 SESSIONS = ("crash-a", "crash-b", "crash-c")

@@ -9,12 +9,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from actors.config import ModelConfig
-from actors.llama import ServerProps, parse_props, read_props
-from actors.model import props_url
-from actors.store import DB_NAME, SessionStore
+from actors.core.config import ModelConfig
+from actors.core.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX
+from actors.models.http import props_url
+from actors.models.llama import ServerProps, parse_props, read_props
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing.script import Answer, RawResponse, call, reply
-from actors.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX
 from messages import (
     Baseline,
     ChatMessage,

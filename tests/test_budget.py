@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from actors import ModelConfig
-from actors.budget import Budgets, family_of
-from actors.config import Config, ConfigError
+from actors.core.budget import Budgets, family_of
+from actors.core.config import Config, ConfigError
 from actors.testing import ScriptedModel, call, calls, reply, with_usage
 from messages import FailReason, SubagentFinished, TurnCompleted, TurnFailed, Usage
 

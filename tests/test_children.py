@@ -15,15 +15,15 @@ import pykka
 import pytest
 
 from actors import Config, Directory, ToolOutput, port_tool
-from actors.context import ContextActor
-from actors.directory import MODEL, STORE, session_address
-from actors.dispatch import Registry
+from actors.core.dispatch import Registry
+from actors.core.turn import Limits
 from actors.dispatcher import Dispatcher
-from actors.memory import FileMemory
-from actors.session import SessionEnv
-from actors.store import DB_NAME, SessionStore
+from actors.dispatcher.directory import MODEL, STORE, session_address
+from actors.sessions.context import ContextActor
+from actors.sessions.session import SessionEnv
+from actors.stores.memory import FileMemory
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import Probe, call, reply
-from actors.turn import Limits
 from messages import (
     AppendMessages,
     Baseline,

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import Config, Runtime
-from actors.store import SessionStore
+from actors.stores.sqlite import SessionStore
 from actors.testing import ChatServer, RawResponse, ScriptedModel, call, reply
 from actors.testing.script import Answer
 
@@ -33,10 +33,10 @@ Server = Callable[..., ChatServer]
 
 
 def loopd(home: Path, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m actors.cli ARGS`` with HOME (and the working folder) at ``home``."""
+    """Run ``python -m actors.shells.cli ARGS`` with HOME (and the working folder) at ``home``."""
     env = dict(os.environ, HOME=str(home))
     return subprocess.run(
-        [sys.executable, "-m", "actors.cli", *map(str, args)],
+        [sys.executable, "-m", "actors.shells.cli", *map(str, args)],
         cwd=home,
         env=env,
         timeout=TIMEOUT_S,
@@ -539,7 +539,7 @@ def test_a_home_that_cannot_be_made_is_a_clear_error(tmp_path: Path) -> None:
 
 def run_in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """``loopd ARGV`` in this process, for refusals that come before any runtime starts."""
-    from actors.cli import main
+    from actors.shells.cli import main
 
     try:
         code = main(list(argv))
@@ -629,7 +629,7 @@ def test_a_bad_api_key_stops_run_naming_the_variable_not_the_value(tmp_path: Pat
     config = tmp_path / "loopd.toml"
     config.write_text('[model]\napi_key_env = "LOOPD_TEST_KEY"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "run", "--config", str(config), "hi"],
+        [sys.executable, "-m", "actors.shells.cli", "run", "--config", str(config), "hi"],
         cwd=tmp_path,
         env=env,
         timeout=TIMEOUT_S,
@@ -713,8 +713,8 @@ def test_sessions_never_writes_the_store(tmp_path: Path) -> None:
     stamp = (db.stat().st_mtime_ns, db.read_bytes())
     assert loopd(tmp_path, "sessions", "--home", home).returncode == 0
     assert (db.stat().st_mtime_ns, db.read_bytes()) == stamp
-    from actors.reader import StoreReader
-    from actors.store import StoreError
+    from actors.stores.reader import StoreReader
+    from actors.stores.sqlite import StoreError
 
     with StoreReader(db) as reader, pytest.raises(StoreError, match="readonly"):
         reader.append("kept", (), turns=9, next_call_id=9, untrusted=False)
@@ -783,7 +783,15 @@ def test_run_text_that_is_not_unicode_is_refused(tmp_path: Path) -> None:
     # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
     env = dict(os.environ, HOME=str(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "run", "--home", str(tmp_path / "D"), b"caf\xe9"],
+        [
+            sys.executable,
+            "-m",
+            "actors.shells.cli",
+            "run",
+            "--home",
+            str(tmp_path / "D"),
+            b"caf\xe9",
+        ],
         cwd=tmp_path,
         env=env,
         timeout=TIMEOUT_S,

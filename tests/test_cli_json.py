@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.cli import main
+from actors.shells.cli import main
 from actors.testing import ChatServer, call, reply
 from actors.testing.script import Answer
 from messages import TurnEvent
@@ -26,9 +26,9 @@ TIMEOUT_S = 60
 
 
 def loopd(home: Path, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m actors.cli ARGS`` with HOME (and the working folder) at ``home``."""
+    """Run ``python -m actors.shells.cli ARGS`` with HOME (and the working folder) at ``home``."""
     return subprocess.run(
-        [sys.executable, "-m", "actors.cli", *map(str, args)],
+        [sys.executable, "-m", "actors.shells.cli", *map(str, args)],
         cwd=home,
         env=dict(os.environ, HOME=str(home)),
         timeout=TIMEOUT_S,
@@ -40,7 +40,7 @@ def loopd(home: Path, *args: str | os.PathLike[str]) -> subprocess.CompletedProc
 
 def start_loopd(home: Path, *args: str | os.PathLike[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", *map(str, args)],
+        [sys.executable, "-m", "actors.shells.cli", *map(str, args)],
         cwd=home,
         env=dict(os.environ, HOME=str(home)),
         stdout=subprocess.PIPE,

@@ -10,7 +10,7 @@ import pytest
 from actors import Config
 from actors.cluster.routing import family_root, shard_of
 from actors.cluster.shard import EventLog, shard_config
-from actors.config import ClusterConfig, ConfigError, CronJob, HeartbeatConfig, StoreConfig
+from actors.core.config import ClusterConfig, ConfigError, CronJob, HeartbeatConfig, StoreConfig
 from messages import TurnEnded, TurnEvent, TurnStarted
 
 

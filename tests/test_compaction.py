@@ -4,9 +4,9 @@ the same rule; a failed compaction never fails the turn."""
 from __future__ import annotations
 
 from actors import ModelFailure
-from actors.store import DB_NAME, SessionStore
+from actors.core.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import Probe, call, reply
-from actors.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX
 from messages import Compacted, CompactionFailed, ModelRequest, TurnCompleted
 
 WAIT = 10.0

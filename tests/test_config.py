@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.config import (
+from actors.core.config import (
     CompactConfig,
     Config,
     ConfigError,

@@ -8,14 +8,14 @@ from datetime import UTC, datetime
 import pytest
 
 from actors import Config, Directory
-from actors.context import ContextActor
-from actors.directory import STORE
-from actors.dispatch import Registry
+from actors.core.dispatch import Registry
+from actors.core.turn import Limits
 from actors.dispatcher import Dispatcher
-from actors.memory import FileMemory
-from actors.session import SessionEnv
+from actors.dispatcher.directory import STORE
+from actors.sessions.context import ContextActor
+from actors.sessions.session import SessionEnv
+from actors.stores.memory import FileMemory
 from actors.testing import Probe
-from actors.turn import Limits
 from messages import (
     CancelTurn,
     ContextStatus,

@@ -39,10 +39,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.dispatch import child_id
-from actors.store import DB_NAME, SessionStore, StoredMessage
+from actors.core.dispatch import child_id
+from actors.core.turn import SUMMARY_PREFIX
+from actors.stores.sqlite import DB_NAME, SessionStore, StoredMessage
 from actors.testing import reply
-from actors.turn import SUMMARY_PREFIX
 from messages import ChatMessage, DenyReason, ModelRequest, TurnCompleted, denial_message
 
 DRIVER = Path(__file__).with_name("crash_driver.py")

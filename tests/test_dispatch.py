@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.dispatch import (
+from actors.core.dispatch import (
     Answered,
     ArgumentError,
     Registry,

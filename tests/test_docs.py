@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import msgspec
 import pytest
 
-from actors.config import Config
-from actors.dispatch import ArgumentError, Registry, child_id, dispatch
+from actors.core.config import Config
+from actors.core.dispatch import ArgumentError, Registry, child_id, dispatch
 from messages import DenyReason, FailReason, denial_message
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

@@ -16,15 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import Config, ModelConfig, port_tool
-from actors.config import ConfigError, HeartbeatConfig
-from actors.model import ModelFailure, parse_answer
-from actors.render import render_event
-from actors.repl import Helpers
+from actors.core.config import ConfigError, HeartbeatConfig
+from actors.core.text import REDACTED, escape_controls, redact
+from actors.models.http import ModelFailure, parse_answer
 from actors.runtime import Runtime
-from actors.store import DB_NAME, SessionStore
+from actors.shells.render import render_event
+from actors.shells.repl import Helpers
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import RawResponse, call, reply
 from actors.testing.model import ScriptedModel
-from actors.text import REDACTED, escape_controls, redact
 from messages import (
     Inspect,
     ModelAnswered,
@@ -445,7 +445,7 @@ def test_a_heartbeat_fifo_is_skipped_with_a_warning_and_does_not_block(tmp_path:
                 warned.set()
 
     handler = Catch(logging.WARNING)
-    logging.getLogger("actors.scheduler").addHandler(handler)
+    logging.getLogger("actors.services.scheduler").addHandler(handler)
     try:
         config = Config(home=home, heartbeat=HeartbeatConfig(session="watch", every_s=60))
         rt = Runtime.start(config, model=ScriptedModel([reply("x")]))
@@ -456,7 +456,7 @@ def test_a_heartbeat_fifo_is_skipped_with_a_warning_and_does_not_block(tmp_path:
         finally:
             rt.stop()
     finally:
-        logging.getLogger("actors.scheduler").removeHandler(handler)
+        logging.getLogger("actors.services.scheduler").removeHandler(handler)
     assert stored_ids(home) == ["other"]
 
 

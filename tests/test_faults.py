@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from actors.store import DB_NAME, SessionStore
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import Probe, call, calls, reply
 from messages import (
     FailReason,
@@ -242,7 +242,7 @@ def test_sigterm_stops_loopd_run_cleanly(chat_server, tmp_path) -> None:
     server = chat_server(script)
     home = tmp_path / "home"
     env = {**os.environ, "HOME": str(tmp_path)}
-    command = [sys.executable, "-m", "actors.cli", "run", "--home", str(home)]
+    command = [sys.executable, "-m", "actors.shells.cli", "run", "--home", str(home)]
     command += ["--base-url", server.base_url, "--session", "s", "hello"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from actors import Config, HomeInUse, Runtime
-from actors.lock import LOCK_NAME, HomeLock
-from actors.store import DB_NAME
+from actors.stores.lock import LOCK_NAME, HomeLock
+from actors.stores.sqlite import DB_NAME
 from actors.testing import ScriptedModel, reply
 from messages import TurnCompleted
 
@@ -42,7 +42,7 @@ def scripted() -> ScriptedModel:
 
 def loopd(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "actors.cli", *args],
+        [sys.executable, "-m", "actors.shells.cli", *args],
         cwd=home.parent,
         env=dict(os.environ, HOME=str(home.parent)),
         timeout=WAIT,

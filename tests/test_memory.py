@@ -1,4 +1,4 @@
-"""actors.memory: FileMemory and default_memory."""
+"""actors.stores.memory: FileMemory and default_memory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.memory import FileMemory, MemoryFailure, MemorySource, default_memory
+from actors.stores.memory import FileMemory, MemoryFailure, MemorySource, default_memory
 
 
 def test_missing_file_is_an_empty_block(tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_file_memory_is_a_memory_source(tmp_path: Path) -> None:
 
 
 def test_remember_starts_a_new_line_and_keeps_what_was_there(tmp_path) -> None:
-    from actors.memory import FileMemory
+    from actors.stores.memory import FileMemory
 
     path = tmp_path / "MEMORY.md"
     path.write_text("Written by hand, no newline at the end")
@@ -199,7 +199,7 @@ def test_remember_starts_a_new_line_and_keeps_what_was_there(tmp_path) -> None:
 
 
 def test_updates_keep_only_the_newest(tmp_path) -> None:
-    from actors.memory import UPDATES_KEPT, FileMemory
+    from actors.stores.memory import UPDATES_KEPT, FileMemory
 
     memory = FileMemory(tmp_path / "MEMORY.md")
     for turn in range(UPDATES_KEPT + 5):
@@ -210,7 +210,7 @@ def test_updates_keep_only_the_newest(tmp_path) -> None:
 
 WRITER = """
 import sys
-from actors.memory import FileMemory
+from actors.stores.memory import FileMemory
 memory = FileMemory(sys.argv[1], max_chars=10**7, max_entry_chars=10**6)
 for i in range(10**6):
     memory.remember("\\u2615" * 40_000 + f" {i}")

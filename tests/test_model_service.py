@@ -10,12 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.config import Config, ConfigError, ModelConfig
-from actors.directory import Directory
-from actors.model import HttpChatModel, ModelFailure, answer_too_large
-from actors.model_service import ModelService
-from actors.render import render_event
+from actors.core.config import Config, ConfigError, ModelConfig
+from actors.dispatcher.directory import Directory
+from actors.models.http import HttpChatModel, ModelFailure, answer_too_large
 from actors.runtime import Runtime
+from actors.services.model_service import ModelService
+from actors.shells.render import render_event
 from actors.testing import ChatServer, Probe, ScriptedModel
 from actors.testing.chat_server import Delayed, Drip, Endless
 from actors.testing.script import RawResponse, call, calls, reply

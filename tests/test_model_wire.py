@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from actors.config import ModelConfig
-from actors.model import (
+from actors.core.config import ModelConfig
+from actors.models.http import (
     HttpChatModel,
     ModelFailure,
     encode_body,

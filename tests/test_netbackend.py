@@ -1,4 +1,4 @@
-"""The model client's plain-TCP backend (actors.netbackend), against real sockets on 127.0.0.1:
+"""The model client's plain-TCP backend (actors.models.netbackend), against real sockets on 127.0.0.1:
 one request goes out in one send when its answer is read, a large body goes out whole, a
 keep-alive connection the server closed is not reused, a name is resolved, and a refused
 connection is an httpx.ConnectError."""
@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-import actors.model
-from actors.config import ModelConfig
-from actors.model import HttpChatModel
-from actors.netbackend import FLUSH_AT, AsyncioBackend, AsyncioStream, plain_transport
+import actors.models.http
+from actors.core.config import ModelConfig
+from actors.models.http import HttpChatModel
+from actors.models.netbackend import FLUSH_AT, AsyncioBackend, AsyncioStream, plain_transport
 from actors.testing import ChatServer
 from actors.testing.script import reply
 from messages import ChatMessage, ModelAnswer, ModelRequest
@@ -249,7 +249,7 @@ def test_the_model_client_speaks_plain_http_through_this_backend(
         built.append(plain_transport())
         return built[-1]
 
-    monkeypatch.setattr(actors.model, "plain_transport", counted)
+    monkeypatch.setattr(actors.models.http, "plain_transport", counted)
     request = ModelRequest(
         session="s1",
         request_id=1,

@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors import ModelConfig, port_tool
-from actors.otel import OtelTracer
 from actors.testing import call, reply
+from actors.tracing.otel import OtelTracer
 from messages import FailReason, ModelRequest, StartTurn, SubagentRequest, TurnCompleted, TurnFailed
 
 WAIT = 10.0
@@ -140,7 +140,7 @@ def test_without_opentelemetry_nothing_of_it_is_imported(tmp_path: Path) -> None
         sys.modules["opentelemetry"] = None  # as if the package were not installed
         from actors import Config, Runtime
         from actors.testing import ScriptedModel, reply
-        from actors.tracing import NoTracer
+        from actors.tracing.base import NoTracer
         model = ScriptedModel([reply("ok")])
         with Runtime.start(Config(home={str(tmp_path)!r}), model=model) as rt:
             assert rt.run_turn("s", "hi", timeout=10).content == "ok"
@@ -167,7 +167,7 @@ def test_until_the_application_sets_a_provider_no_span_is_made() -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-        from actors.otel import OtelTracer
+        from actors.tracing.otel import OtelTracer
         from messages import TurnEnded, TurnStarted
         tracer = OtelTracer()
         tracer.on_event(TurnStarted(session="a", slot=0), None)

@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from actors import Config, Runtime
-from actors.passivation import IdleSessions
-from actors.port import ToolOutput, port_tool
+from actors.core.passivation import IdleSessions
 from actors.testing import Probe, ScriptedModel, call, reply
+from actors.tools.tool import ToolOutput, port_tool
 from messages import (
     Inspect,
     ModelRequest,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from actors.pool import IdleQueue
-from actors.port import PortTool, ToolContext, port_tool
+from actors.services.pool import IdleQueue
 from actors.testing import Probe
 from actors.testing.script import call, reply
+from actors.tools.tool import PortTool, ToolContext, port_tool
 from messages import FailReason, ModelRequest, ToolResult, ToolSpec, TurnCompleted, TurnFailed
 
 WAIT = 10.0

@@ -13,11 +13,11 @@ import msgspec
 import pytest
 
 from actors import Config, ModelConfig, Runtime
-from actors.agents import Agents
-from actors.config import AgentConfig, ConfigError
-from actors.dispatch import SUBAGENT_SPEC, Answered, Registry, SpawnChild, ToPort, dispatch
-from actors.model import request_body
-from actors.store import DB_NAME, SessionStore
+from actors.core.agents import Agents
+from actors.core.config import AgentConfig, ConfigError
+from actors.core.dispatch import SUBAGENT_SPEC, Answered, Registry, SpawnChild, ToPort, dispatch
+from actors.models.http import request_body
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import ScriptedModel, call, reply
 from messages import (
     ChatMessage,
@@ -456,8 +456,8 @@ def test_a_profile_with_only_a_base_url_sends_no_key(monkeypatch, loopd_config) 
 
 def test_the_openai_backend_takes_no_slot(probe) -> None:
     # Two requests on a pool of one slot: llama.cpp's wait for each other, openai's do not.
-    from actors.directory import Directory
-    from actors.model_service import ModelService
+    from actors.dispatcher.directory import Directory
+    from actors.services.model_service import ModelService
 
     both = threading.Barrier(2, timeout=WAIT)
 

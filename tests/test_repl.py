@@ -1,6 +1,6 @@
 """``loopd repl``: the real console driven through a pseudo-terminal (SPEC 10).
 
-Each test spawns ``python -m actors.cli repl --scripted`` (the demo's scripted model, offline)
+Each test spawns ``python -m actors.shells.cli repl --scripted`` (the demo's scripted model, offline)
 with ``HOME`` and the store in the test's temporary folder, and talks to it as a user would:
 lines at the ``>>> `` prompt, a TAB for completion, ``exit()`` or Ctrl-D to leave.
 """
@@ -18,8 +18,8 @@ from typing import Any
 import pexpect
 import pytest
 
-from actors.config import Config
-from actors.repl import resolve_address, run_repl
+from actors.core.config import Config
+from actors.shells.repl import resolve_address, run_repl
 
 PROMPT = ">>> "
 DEMO_TURN = 'turn("demo", "Plan a short walk for this afternoon.")'
@@ -38,7 +38,7 @@ def repl(tmp_path: Path) -> Iterator[Any]:
     env.pop("PYTHONSTARTUP", None)
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "actors.cli", "repl", "--plain", "--scripted", "--home", str(tmp_path)],
+        ["-m", "actors.shells.cli", "repl", "--plain", "--scripted", "--home", str(tmp_path)],
         cwd=str(tmp_path),
         env=env,
         encoding="utf-8",

@@ -14,7 +14,7 @@ from typing import Any
 import pexpect
 import pytest
 
-from actors.cli import main
+from actors.shells.cli import main
 from actors.testing import ChatServer, reply
 from actors.testing.script import Answer
 
@@ -35,7 +35,7 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
         env.pop("PYTHONSTARTUP", None)
         child = pexpect.spawn(
             sys.executable,
-            ["-m", "actors.cli", "repl", "--home", str(tmp_path / "home"), *args],
+            ["-m", "actors.shells.cli", "repl", "--home", str(tmp_path / "home"), *args],
             cwd=str(tmp_path),
             env=env,
             encoding="utf-8",
@@ -162,7 +162,7 @@ def test_ipython_is_the_default_when_installed_and_plain_is_on_request(spawn: Sp
 
 
 def test_ipython_asked_for_but_missing_is_bad_input(monkeypatch, capsys, tmp_path) -> None:
-    monkeypatch.setattr("actors.repl.ipython_available", lambda: False)
+    monkeypatch.setattr("actors.shells.repl.ipython_available", lambda: False)
     home = tmp_path / "home"
     assert main(["repl", "--ipython", "--scripted", "--home", str(home)]) == 2
     assert "IPython is not installed" in capsys.readouterr().err

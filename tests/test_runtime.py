@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from actors import Config, ModelFailure, ToolOutput, port_tool
-from actors.store import DB_NAME, SessionStore
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import Probe, ScriptedModel, call, calls, reply
 from messages import (
     Baseline,

@@ -18,10 +18,10 @@ import msgspec
 import pykka
 import pytest
 
-from actors.config import Config, CronJob, HeartbeatConfig
-from actors.directory import CONTEXT, Directory, session_address
+from actors.core.config import Config, CronJob, HeartbeatConfig
+from actors.dispatcher.directory import CONTEXT, Directory, session_address
 from actors.runtime import Runtime
-from actors.scheduler import (
+from actors.services.scheduler import (
     SCHEDULER,
     Schedule,
     SchedulerActor,
@@ -120,7 +120,7 @@ def state_store(request: pytest.FixtureRequest) -> Any:
     """Where a restarted scheduler finds its state: None (the file) or a PostgreSQL store."""
     if request.param == "file":
         return None
-    from actors.pgstore import PgSchedulerState
+    from actors.stores.postgres import PgSchedulerState
 
     return PgSchedulerState(request.getfixturevalue("pg_database")())
 
@@ -326,7 +326,7 @@ def test_a_missing_heartbeat_file_skips_the_run_and_records_nothing(
     home = tmp_path / "home"
     beat = HeartbeatConfig(session="watch", every_s=60, file="beat/PROMPT.md")
     ref = scheduler(Config(home=str(home), heartbeat=beat), directory, FakeClock(T0))
-    with caplog.at_level(logging.WARNING, logger="actors.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="actors.services.scheduler"):
         tick(ref, T0)
         tick(ref, T0 + timedelta(seconds=1))
     context.expect_none(0.05)
@@ -356,7 +356,7 @@ def test_a_corrupt_state_file_is_kept_aside_and_the_scheduler_starts_empty(
     state.parent.mkdir()
     state.write_text('{"version": 1, "last_runs": {"cron:0:ops": "yesterday')
     config = Config(home=str(tmp_path / "home"), cron=(MORNING,))
-    with caplog.at_level(logging.WARNING, logger="actors.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="actors.services.scheduler"):
         ref = scheduler(config, directory, FakeClock(at(6)), state_path=state)
         st = status(ref)
     assert st.last_runs == {}

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.config import ConfigError, SlotsConfig
-from actors.slots import Grant, SlotTable
+from actors.core.config import ConfigError, SlotsConfig
+from actors.core.slots import Grant, SlotTable
 
 
 def table(**pools: tuple[int, ...]) -> SlotTable:

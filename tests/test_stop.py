@@ -8,8 +8,8 @@ import pykka
 import pytest
 
 from actors import Config, Runtime
-from actors.config import HeartbeatConfig, RuntimeConfig
-from actors.session import SessionActor
+from actors.core.config import HeartbeatConfig, RuntimeConfig
+from actors.sessions.session import SessionActor
 from actors.testing import ScriptedModel, call, reply
 from messages import ModelRequest, TurnCompleted
 

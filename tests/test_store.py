@@ -17,8 +17,8 @@ import pytest
 from pykka import ThreadingFuture
 from pykka._envelope import Envelope
 
-from actors.directory import STORE, Directory
-from actors.store import (
+from actors.dispatcher.directory import STORE, Directory
+from actors.stores.sqlite import (
     SCHEMA_VERSION,
     SessionExists,
     SessionNotFound,
@@ -104,7 +104,7 @@ def open_store(request: pytest.FixtureRequest, db: Path) -> Opener:
     """Opens the store of this test, a new connection each call (as a new process would)."""
     if request.param == "sqlite":
         return lambda: SessionStore(db)
-    from actors.pgstore import PgSessionStore
+    from actors.stores.postgres import PgSessionStore
 
     url = request.getfixturevalue("pg_database")()
     return lambda: PgSessionStore(url)
@@ -941,7 +941,7 @@ def test_a_version_1_postgresql_store_gains_the_agent_column(
 ) -> None:
     import psycopg
 
-    from actors.pgstore import PG_SCHEMA_VERSION, PgSessionStore
+    from actors.stores.postgres import PG_SCHEMA_VERSION, PgSessionStore
 
     url = request.getfixturevalue("pg_database")()
     with PgSessionStore(url) as store:  # today's schema, then made into version 1's

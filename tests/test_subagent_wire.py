@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from actors import Config, ModelConfig
-from actors.store import DB_NAME, SessionStore
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import RawResponse, call, calls, reply
 from messages import FailReason, Inspect, TurnCompleted, TurnFailed
 

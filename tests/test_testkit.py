@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from actors import Config, Directory, ModelConfig, ModelFailure, Runtime, SlotsConfig
-from actors.config import AgentConfig
-from actors.offline import ENV_VAR, RealModelForbidden
+from actors.core.config import AgentConfig
+from actors.models.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
 from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed
@@ -381,7 +381,7 @@ def test_a_bad_script_file_is_refused_with_its_place(tmp_path) -> None:
 
 
 def test_watch_sees_a_session_actor_stop(loopd_runtime) -> None:
-    from actors.directory import session_address
+    from actors.dispatcher.directory import session_address
 
     rt = loopd_runtime([reply("hi")])
     assert rt.run_turn("s", "hello", timeout=10) == TurnCompleted("s", "hi")

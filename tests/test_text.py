@@ -1,4 +1,4 @@
-"""actors.text: cap_chars and neutralise."""
+"""actors.core.text: cap_chars and neutralise."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.text import TEMPLATE_TOKENS, cap_chars, neutralise
+from actors.core.text import TEMPLATE_TOKENS, cap_chars, neutralise
 
 FAMILIES: dict[str, list[str]] = {
     "chatml": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|IM_START|>"],

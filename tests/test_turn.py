@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from actors.dispatch import Registry
-from actors.turn import (
+from actors.core.dispatch import Registry
+from actors.core.turn import (
     COMPACT_INSTRUCTION,
     SUMMARY_PREFIX,
     CallPort,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime
 
-from actors.dispatch import Registry
-from actors.turn import (
+from actors.core.dispatch import Registry
+from actors.core.turn import (
     COMPACT_INSTRUCTION,
     SUMMARY_PREFIX,
     CallPort,

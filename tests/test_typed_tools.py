@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from actors import ToolContext, ToolOutput, port_tool
-from actors.directory import session_address
+from actors.dispatcher.directory import session_address
 from actors.testing import ScriptedModel, call, calls, reply
 from messages import DataClass, Inspect, ModelRequest, TurnCompleted
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from actors import Config, ModelConfig, Runtime
-from actors.store import DB_NAME, SessionStore
+from actors.core.usage import add_usage, total_usage, turn_usage
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import RawResponse, ScriptedModel, call, calls, reply, with_usage
-from actors.usage import add_usage, total_usage, turn_usage
 from messages import (
     FailReason,
     ModelAnswered,
@@ -130,7 +130,16 @@ def test_sessions_show_prints_session_and_turn_totals(chat_server, loopd_config,
     toml = tmp_path / "loopd.toml"
     toml.write_text(f'home = "{config.home}"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "sessions", "--config", str(toml), "show", "mm"],
+        [
+            sys.executable,
+            "-m",
+            "actors.shells.cli",
+            "sessions",
+            "--config",
+            str(toml),
+            "show",
+            "mm",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,14 +24,14 @@ from typing import Any
 import msgspec
 import pykka
 
-from actors.backend import open_store
 from actors.cluster.routing import shard_of
 from actors.cluster.shard import Shard
-from actors.config import Config
-from actors.directory import Directory
-from actors.events import Subscribers
-from actors.port import PortTool
+from actors.core.config import Config
+from actors.dispatcher.directory import Directory
 from actors.runtime import Runtime
+from actors.services.events import Subscribers
+from actors.stores.base import open_store
+from actors.tools.tool import PortTool
 from messages import (
     FailReason,
     TurnEvent,
@@ -107,7 +107,7 @@ class ClusterRuntime(Runtime):
     def launch(cls, config: Config, *, tools: Iterable[PortTool] = ()) -> ClusterRuntime:
         """Join (or start) Ray and start ``config.cluster.shards`` shards; wait until all run.
 
-        Raises :class:`~actors.store.StoreError` if the store cannot be opened and
+        Raises :class:`~actors.stores.sqlite.StoreError` if the store cannot be opened and
         :class:`ShardStartError` if Ray or a shard cannot start.
         """
         ray = _ray()

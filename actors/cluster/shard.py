@@ -21,9 +21,9 @@ from pathlib import Path
 import msgspec
 
 from actors.cluster.routing import shard_of
-from actors.config import ClusterConfig, Config
-from actors.port import PortTool
+from actors.core.config import ClusterConfig, Config
 from actors.runtime import Runtime
+from actors.tools.tool import PortTool
 from messages import FailReason, TurnEvent, TurnFailed
 
 __all__ = ["EVENTS_KEPT", "EventLog", "Shard", "shard_config"]

@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-from actors.offline import allow_fake_server
+from actors.models.offline import allow_fake_server
 from actors.testing.script import Answer, RawResponse, ScriptBook
 
 __all__ = [

@@ -13,17 +13,17 @@ import msgspec
 import pykka
 import pytest
 
-from actors.config import Config
-from actors.directory import Directory
-from actors.memory import MemorySource
-from actors.offline import forbid_real_models
-from actors.port import PortTool
+from actors.core.config import Config
+from actors.dispatcher.directory import Directory
+from actors.models.offline import forbid_real_models
 from actors.runtime import Runtime
+from actors.stores.memory import MemorySource
 from actors.testing.chat_server import ChatServer
 from actors.testing.model import ScriptedModel
 from actors.testing.probe import Probe
 from actors.testing.script import Answer, RawResponse
-from actors.tracing import Tracer
+from actors.tools.tool import PortTool
+from actors.tracing.base import Tracer
 
 __all__ = [
     "STOP_TIMEOUT_S",

@@ -11,7 +11,7 @@ from typing import Any, TypeVar, overload
 
 import pykka
 
-from actors.directory import Directory
+from actors.dispatcher.directory import Directory
 
 __all__ = ["DEFAULT_TIMEOUT", "Probe", "Terminated"]
 

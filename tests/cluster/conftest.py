@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from actors import Config
-from actors.config import ClusterConfig, StoreConfig
+from actors.core.config import ClusterConfig, StoreConfig
 
 SHARDS = 2
 

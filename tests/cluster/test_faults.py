@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from actors import Config, ModelConfig, Runtime
-from actors.config import ClusterConfig, StoreConfig
-from actors.pgstore import PgSessionStore
+from actors.core.config import ClusterConfig, StoreConfig
+from actors.stores.postgres import PgSessionStore
 from actors.testing import call, reply
 from actors.testing.postgres import PostgresServer
 from messages import FailReason, TurnCompleted, TurnFailed

@@ -17,7 +17,7 @@ import pytest
 
 from actors import Config, Runtime
 from actors.cluster import ClusterRuntime
-from actors.pgstore import PgSessionStore
+from actors.stores.postgres import PgSessionStore
 from actors.testing import RawResponse, call, reply
 from messages import (
     Baseline,

@@ -9,10 +9,10 @@ import msgspec
 import pytest
 
 from actors import Config, ModelConfig, Runtime
-from actors.cli import main
-from actors.config import StoreConfig
-from actors.memory import MemoryFailure
-from actors.pgstore import PgMemory, PgSessionStore, SessionHeldElsewhere
+from actors.core.config import StoreConfig
+from actors.shells.cli import main
+from actors.stores.memory import MemoryFailure
+from actors.stores.postgres import PgMemory, PgSessionStore, SessionHeldElsewhere
 from actors.testing import call, reply
 from messages import FailReason, TurnCompleted, TurnFailed
 

@@ -20,10 +20,10 @@ import pytest
 from llama_proxy import Proxy
 
 from actors import Config, Runtime
-from actors.config import CompactConfig, LoopConfig, ModelConfig, SlotsConfig
-from actors.store import DB_NAME, SessionStore
+from actors.core.config import CompactConfig, LoopConfig, ModelConfig, SlotsConfig
+from actors.core.turn import COMPACT_INSTRUCTION
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import Probe
-from actors.turn import COMPACT_INSTRUCTION
 from messages import (
     Baseline,
     ChatMessage,

@@ -1,0 +1,184 @@
+"""Agent profiles (``[agents.NAME]``): what each one sees, says and asks the model with.
+
+:class:`Agents` is built once per runtime from the config and the registry; every session and
+the Context look their profile up in it by the name stored with the session. Nothing here
+talks to an actor; only :meth:`Agents.system_prompt` reads a file (``system_file``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from actors.core.config import DEFAULT_AGENT, AgentConfig, Config, ConfigError, ModelConfig
+from actors.core.dispatch import Registry
+from actors.core.files import read_regular_file
+from actors.models.http import HttpChatModel
+from messages import ModelAnswer, ModelRequest, RequestOptions
+
+__all__ = [
+    "DEFAULT_DESCRIPTION",
+    "MAX_SYSTEM_FILE_BYTES",
+    "Agent",
+    "AgentEndpoints",
+    "Agents",
+    "request_options",
+]
+
+DEFAULT_DESCRIPTION = "The general agent, with every tool this runtime gives."
+"""What the ``subagent`` schema says of ``default`` when ``[agents.default]`` has no
+``description``."""
+
+MAX_SYSTEM_FILE_BYTES = 1 << 20
+"""The largest ``system_file`` read (1 MiB)."""
+
+
+def request_options(
+    profile: AgentConfig, backend: str = "llama.cpp", stream: bool = False
+) -> RequestOptions:
+    """The request fields ``profile`` sets; its ``backend`` and ``stream``, else ``backend``
+    and ``stream`` (``model.backend``, ``model.stream``)."""
+    return RequestOptions(
+        model=profile.model,
+        backend=profile.backend or backend,
+        stream=stream if profile.stream is None else profile.stream,
+        temperature=profile.temperature,
+        top_p=profile.top_p,
+        max_tokens=profile.max_tokens,
+        stop=profile.stop,
+        seed=profile.seed,
+        extra_body=dict(profile.extra_body),
+    )
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One profile as a runtime uses it: its config, its view of the tools, its request
+    fields."""
+
+    name: str
+    profile: AgentConfig
+    registry: Registry
+    options: RequestOptions
+
+
+class Agents:
+    """Every profile of a runtime by name; ``default`` is always there.
+
+    Raises ``ConfigError`` naming the key when a profile's ``tools`` names no tool of
+    ``registry``.
+    """
+
+    def __init__(self, config: Config, registry: Registry) -> None:
+        self._home = config.home_path
+        self._system_prompt = config.loop.system_prompt
+        names = config.agent_names()
+        # With no profile but default the subagent tool stays exactly SPEC's.
+        catalogue: dict[str, str] = {}
+        if len(names) > 1:
+            for name in names:
+                text = config.agent(name).description
+                catalogue[name] = text or (DEFAULT_DESCRIPTION if name == DEFAULT_AGENT else "")
+        self._agents: dict[str, Agent] = {}
+        for name in names:
+            profile = config.agent(name)
+            try:
+                view = registry.for_agent(profile.tools, catalogue)
+            except ValueError as exc:
+                raise ConfigError(f"agents.{name}.tools: {exc}") from None
+            options = request_options(profile, config.model.backend, config.model.stream)
+            self._agents[name] = Agent(name, profile, view, options)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._agents
+
+    def get(self, name: str) -> Agent:
+        """The profile ``name``; ``KeyError`` if the config has none of that name."""
+        return self._agents[name]
+
+    def names(self) -> tuple[str, ...]:
+        """Every profile name, ``default`` first."""
+        return tuple(self._agents)
+
+    def system_prompt(self, name: str) -> str:
+        """The system prompt of a new session of profile ``name``: ``system``, the text of
+        ``system_file`` (relative to ``home``, read now), or ``loop.system_prompt``.
+
+        Raises ``OSError`` (or ``UnicodeDecodeError``) naming the file when it cannot be read.
+        """
+        profile = self.get(name).profile
+        if profile.system is not None:
+            return profile.system
+        if profile.system_file is not None:
+            path = self._home / Path(profile.system_file)
+            data = read_regular_file(path, MAX_SYSTEM_FILE_BYTES)
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"agents.{name}.system_file {path} is not UTF-8 text: {exc}"
+                ) from None
+        return self._system_prompt
+
+
+class AgentEndpoints:
+    """The model client of a runtime whose profiles name other endpoints (``base_url``,
+    ``api_key_env``): one :class:`~actors.models.http.HttpChatModel` per distinct endpoint, and each
+    request goes to its agent's (``request.agent``; an unknown name goes to ``default``'s).
+
+    Behaves as one :class:`~actors.models.http.AsyncChatModel` (and ``ChatModel``) to the model
+    service: cancelling a request's task closes its connection, whichever server it is on.
+    """
+
+    uses_slots = True
+    """Requests of llama.cpp backends take slots; the service skips them for ``openai``."""
+
+    def __init__(self, config: Config, model: ModelConfig) -> None:
+        """``model`` is ``[model]`` as the runtime uses it (its concurrency raised)."""
+        by_endpoint: dict[tuple[str, str | None], HttpChatModel] = {}
+        self._by_agent: dict[str, HttpChatModel] = {}
+        for name in config.agent_names():
+            endpoint = config.endpoint(name)
+            key = (endpoint.base_url, endpoint.api_key_env)
+            client = by_endpoint.get(key)
+            if client is None:
+                client = HttpChatModel(
+                    msgspec.structs.replace(
+                        model, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env
+                    )
+                )
+                by_endpoint[key] = client
+            self._by_agent[name] = client
+        self._clients = tuple(by_endpoint.values())
+
+    def client(self, agent: str) -> HttpChatModel:
+        """The client of profile ``agent`` (``default``'s for a name it does not know)."""
+        return self._by_agent.get(agent) or self._by_agent[DEFAULT_AGENT]
+
+    streams = True
+    """:meth:`acomplete` and :meth:`complete` take ``on_text``, as the HTTP client's."""
+
+    async def acomplete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
+        """:meth:`HttpChatModel.acomplete` on the request's agent's endpoint."""
+        return await self.client(request.agent).acomplete(request, on_text)
+
+    def complete(
+        self, request: ModelRequest, on_text: Callable[[str], None] | None = None
+    ) -> ModelAnswer:
+        """:meth:`HttpChatModel.complete` on the request's agent's endpoint."""
+        return self.client(request.agent).complete(request, on_text)
+
+    async def aclose(self) -> None:
+        """Close every endpoint's connections of the running loop."""
+        for client in self._clients:
+            await client.aclose()
+
+    def close(self) -> None:
+        """Close every endpoint's client."""
+        for client in self._clients:
+            client.close()

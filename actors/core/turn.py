@@ -1,0 +1,893 @@
+"""One turn of one session, as a state machine with no I/O (SPEC 4, 5 and 7).
+
+The :class:`Turn` takes inputs (``start``, ``persisted``, ``model_answer``, ``tool_result``...)
+and returns effects (:class:`Persist`, :class:`RequestModel`, :class:`CallPort`,
+:class:`Spawn`, :class:`Emit`, :class:`Finish`...) for its session actor to carry out. A test can
+drive a whole turn, compaction included, without a thread. The rules it keeps:
+
+- every message is made durable (``Persist``, answered by ``persisted``) before the next model
+  request, and a tool call is only dispatched once the answer that numbers it is durable;
+- tool calls take the next call ids in the model's order, run concurrently, and go back to the
+  model in call order, whatever finished first;
+- ``loop.max_steps`` model requests at most; calls still asked for at the limit are answered
+  with a step-limit denial so the transcript stays valid, and the turn fails with TURN_LIMIT;
+- after the turn, a transcript past ``compact.threshold_chars`` is summarised on the session's
+  own slot; a failed compaction never changes the turn's outcome;
+- when a slot's context size is known, a request whose prompt would fill more than
+  ``compact.threshold_ratio`` of it first compacts the history before this turn (this turn's
+  messages are kept as they are), and a request the server refuses as too long is compacted and
+  sent once more. Prompt sizes are the tokens the server reported for the last request, plus
+  the new messages counted at :data:`CHARS_PER_TOKEN`;
+- an answer cut off at ``max_tokens`` never runs its tool calls, and a cut-off final answer
+  fails the turn unless ``model.on_length`` keeps it;
+- tool-call arguments that are not a JSON object are stored as ``{}`` with the model's text in
+  ``raw_arguments``: servers refuse a history holding unparseable arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+
+from actors.core.dispatch import (
+    Answered,
+    ArgumentError,
+    Registry,
+    Remember,
+    SpawnChild,
+    ToPort,
+    child_id,
+    depth_of,
+)
+from actors.core.dispatch import dispatch as route_call
+from actors.core.text import cap_chars, neutralise
+from actors.core.usage import add_usage
+from actors.models.http import is_json_object
+from messages import (
+    Baseline,
+    ChatMessage,
+    Compacted,
+    CompactionFailed,
+    DataClass,
+    DenyReason,
+    FailReason,
+    ModelAnswer,
+    ModelAnswered,
+    ModelError,
+    ModelRequestSent,
+    ProposedCall,
+    SessionRecord,
+    SubagentCompleted,
+    SubagentResult,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolResult,
+    TurnCompleted,
+    TurnEnded,
+    TurnEvent,
+    TurnFailed,
+    TurnOutcome,
+    TurnStarted,
+    Usage,
+    denial_message,
+)
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "COMPACT_INSTRUCTION",
+    "SUMMARY_PREFIX",
+    "CallPort",
+    "CancelModel",
+    "CancelPort",
+    "Compact",
+    "Effect",
+    "Emit",
+    "Finish",
+    "Limits",
+    "Persist",
+    "RequestModel",
+    "SessionState",
+    "Spawn",
+    "Turn",
+    "WriteMemory",
+    "message_chars",
+    "repair_results",
+    "subagent_result_text",
+]
+
+COMPACT_INSTRUCTION = (
+    "Summarise this conversation so far for your own later use: the facts, decisions, open "
+    "questions and results that matter. Answer with the summary only."
+)
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+CHARS_PER_TOKEN = 3
+"""Characters counted as one token for text the server has not counted yet. Tokenizers make
+about 4 characters a token of English prose, fewer of code and JSON; 3 errs towards compacting
+a little early rather than a request the server refuses."""
+
+# Tokens a chat template adds around each message (role markers, separators).
+_TOKENS_PER_MESSAGE = 4
+
+
+def _tokens(chars: int, messages: int = 0) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN) + messages * _TOKENS_PER_MESSAGE
+
+
+def message_chars(messages: Iterable[ChatMessage]) -> int:
+    """Characters of ``messages`` as compaction counts them: content, tool names, arguments."""
+    total = 0
+    for message in messages:
+        total += len(message.content or "")
+        for call in message.tool_calls:
+            total += len(call.name) + len(call.arguments)
+    return total
+
+
+@dataclass
+class SessionState:
+    """A session's state as its actor keeps it; mirrors what the store holds.
+
+    Grow the transcript with :meth:`extend` and replace it with :meth:`replace`, so the running
+    length that compaction checks stays true without summing the transcript every turn.
+    """
+
+    id: str
+    baseline: Baseline
+    slot: int
+    transcript: list[ChatMessage]
+    turns: int = 0
+    next_call_id: int = 1
+    untrusted: bool = False
+    parent: str | None = None
+    slot_cached: bool = False
+    """Whether ``slot`` holds this session's prompt: a model answer came from it in this
+    actor's life. Only then do requests ask for that slot (otherwise every new session would
+    ask for its pool's first slot, and evict the last one's cache)."""
+    # Not stored: what the server last counted. ``known_tokens`` is the prompt tokens of the
+    # system message, tools and the first ``known_messages`` transcript messages.
+    known_tokens: int = 0
+    known_messages: int = 0
+    context_tokens: int | None = None
+    """A slot's context size, once a server's refusal told it (overrides the configured one)."""
+    _chars: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._chars = message_chars(self.transcript)
+
+    @classmethod
+    def from_record(cls, record: SessionRecord) -> SessionState:
+        """The state of a stored session."""
+        return cls(
+            id=record.id,
+            baseline=record.baseline,
+            slot=record.slot,
+            transcript=list(record.transcript),
+            turns=record.turns,
+            next_call_id=record.next_call_id,
+            untrusted=record.untrusted,
+            parent=record.parent,
+        )
+
+    def to_record(self) -> SessionRecord:
+        """The state in the shape the store gives it back."""
+        return SessionRecord(
+            self.id,
+            self.baseline,
+            self.slot,
+            tuple(self.transcript),
+            self.turns,
+            self.next_call_id,
+            self.untrusted,
+            self.parent,
+        )
+
+    def messages(self) -> tuple[ChatMessage, ...]:
+        """What a model request carries: the system message, then the transcript."""
+        system = ChatMessage(role="system", content=self.baseline.system)
+        return (system, *self.transcript)
+
+    def extend(self, messages: Iterable[ChatMessage]) -> None:
+        """Append ``messages`` to the transcript."""
+        added = list(messages)
+        self.transcript.extend(added)
+        self._chars += message_chars(added)
+
+    def replace(self, messages: Iterable[ChatMessage]) -> None:
+        """Make ``messages`` the whole transcript (after a compaction)."""
+        self.transcript = list(messages)
+        self._chars = message_chars(self.transcript)
+
+    def transcript_chars(self) -> int:
+        """Characters of the transcript after the baseline (what compaction is measured on)."""
+        return self._chars
+
+    def baseline_tokens(self) -> int:
+        """An estimate of the system message and the tools, in tokens."""
+        tools = sum(
+            len(t.name) + len(t.description) + len(repr(t.parameters)) for t in self.baseline.tools
+        )
+        return _tokens(len(self.baseline.system) + tools, 1)
+
+    def prompt_tokens(self, extra: tuple[ChatMessage, ...] = ()) -> int:
+        """An estimate of the next request's prompt tokens, with ``extra`` messages after the
+        transcript: the server's count of the last request, plus the messages since."""
+        if 0 < self.known_messages <= len(self.transcript):
+            base, rest = self.known_tokens, self.transcript[self.known_messages :]
+        else:
+            base, rest = self.baseline_tokens(), self.transcript
+        rest = [*rest, *extra]
+        return base + _tokens(message_chars(rest), len(rest))
+
+    def forget_counts(self) -> None:
+        """The transcript changed under the server's count (compaction): estimate afresh."""
+        self.known_tokens = self.known_messages = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The numbers a turn obeys, from ``[loop]`` and ``[compact]``."""
+
+    max_steps: int
+    tool_result_cap: int
+    summary_chars: int
+    threshold_chars: int
+    max_depth: int = 4
+    max_children: int = 8
+    untrusted_may_remember: bool = False
+    context_tokens: int | None = None
+    """A slot's context size in tokens; None: unknown (compaction counts characters)."""
+    threshold_ratio: float = 0.75
+    max_tokens: int = 2048
+    keep_truncated: bool = False
+    """``model.on_length = "keep"``: a cut-off final answer completes, marked truncated."""
+
+
+def _unanswered(state: SessionState, registry: Registry, call: ToolCall, now: datetime) -> str:
+    """The result text of a call that will never get its own: ``<child> failed`` for a child."""
+    if isinstance(route_call(registry, call.name, call.as_written, now), SpawnChild):
+        with contextlib.suppress(ArgumentError):
+            return f"{child_id(state.id, call.id)} failed"
+    return denial_message(DenyReason.INTERRUPTED)
+
+
+def repair_results(
+    state: SessionState, registry: Registry, now: datetime
+) -> tuple[ChatMessage, ...]:
+    """Results for the calls of the last model answer that have none (a turn cut off).
+
+    A transcript whose assistant message has calls without results is not valid for the model
+    API. A child that was in flight answers ``<child> failed``; any other call is denied as
+    interrupted. Nothing is repaired when every call has its result.
+    """
+    answered: set[int] = set()
+    for message in reversed(state.transcript):
+        if message.role == "tool" and message.tool_call_id is not None:
+            answered.add(message.tool_call_id)
+        elif message.role == "assistant":
+            calls = [c for c in message.tool_calls if c.id not in answered]
+            break
+        else:
+            return ()
+    else:
+        return ()
+    results = [
+        ChatMessage(role="tool", content=_unanswered(state, registry, c, now), tool_call_id=c.id)
+        for c in calls
+    ]
+    return tuple(results)
+
+
+# Effects: what the session actor is asked to do.
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Append ``messages`` and the session's counters to the store; answer ``persisted``."""
+
+    request_id: int
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True)
+class Compact:
+    """Replace the stored live history by ``summary`` (old rows kept, marked compacted)."""
+
+    request_id: int
+    summary: ChatMessage
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """Send a model request; answer ``model_answer`` or ``model_error`` with ``request_id``."""
+
+    request_id: int
+    slot: int
+    messages: tuple[ChatMessage, ...]
+    prefer_slot: bool = False
+    """Whether ``slot`` caches the session's prompt, so the request should go there if free."""
+
+
+@dataclass(frozen=True)
+class CallPort:
+    """Run port tool ``name`` for call ``call_id``; answer ``tool_result``."""
+
+    call_id: int
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class CancelModel:
+    """The turn no longer waits for model request ``request_id``: stop it (close its
+    connection, so the server stops generating)."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
+class CancelPort:
+    """The turn no longer waits for port call ``call_id``: tell the tool."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Ask the Context to run ``task`` in ``child``; answer ``subagent_result``."""
+
+    call_id: int
+    child: str
+    task: str
+    agent: str = "default"
+
+
+@dataclass(frozen=True)
+class WriteMemory:
+    """Ask the Context to append ``text`` to memory for call ``call_id``; answer ``tool_result``."""
+
+    call_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Publish ``event`` to subscribers."""
+
+    event: TurnEvent
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The turn, compaction included, is over with ``outcome``."""
+
+    outcome: TurnOutcome
+
+
+Effect = (
+    Persist
+    | Compact
+    | RequestModel
+    | CallPort
+    | CancelModel
+    | CancelPort
+    | Spawn
+    | WriteMemory
+    | Emit
+    | Finish
+)
+"""Anything a :class:`Turn` asks its actor to do."""
+
+
+class _Phase(enum.Enum):
+    IDLE = enum.auto()
+    SAVING = enum.auto()  # waiting for a Persist; then ``_after_save`` runs
+    ASKING = enum.auto()  # waiting for the model
+    CALLING = enum.auto()  # waiting for tool results
+    SUMMARISING = enum.auto()  # waiting for the compaction summary
+    COMPACTING = enum.auto()  # waiting for the store to compact
+    DONE = enum.auto()
+
+
+def _stored(usage: Usage) -> Usage | None:
+    """What an assistant message stores of its request's usage: nothing when the server said
+    nothing (a scripted model, a server that sends no ``usage``)."""
+    return usage if usage != Usage() else None
+
+
+def subagent_result_text(result: SubagentResult) -> str:
+    """The parent's tool text for a child's outcome: ``<child> completed\\n<summary>`` or failed."""
+    if isinstance(result, SubagentCompleted):
+        return f"{result.child} completed\n{result.summary}"
+    return f"{result.child} failed"
+
+
+@dataclass
+class Turn:
+    """One turn of ``state``'s session. Create, call :meth:`start`, then feed it answers."""
+
+    state: SessionState
+    registry: Registry
+    limits: Limits
+    ids: Iterator[int]
+    clock: Callable[[], datetime]
+    step: int = 0
+    phase: _Phase = _Phase.IDLE
+    outcome: TurnOutcome | None = None
+    _waiting_for: int | None = None
+    _after_save: Callable[[], list[Effect]] | None = None
+    _calls: list[ToolCall] = field(default_factory=list)
+    _results: dict[int, ToolResult] = field(default_factory=dict)
+    _summary: ChatMessage | None = None
+    _finished: bool = False
+    _turn_start: int = 0  # index of this turn's user message in the transcript
+    _asked_len: int = 0  # transcript messages the request in flight carries
+    _truncated: bool = False  # the answer being dispatched was cut off at max_tokens
+    # A compaction in the middle of the turn: what follows it, and what follows its failure.
+    _keep: tuple[ChatMessage, ...] = ()
+    _after_compact: Callable[[], list[Effect]] | None = None
+    _if_not_compacted: Callable[[str], list[Effect]] | None = None
+    _compacted_early: bool = False
+    _retried_too_long: bool = False
+    usage: Usage = field(default_factory=Usage)
+    """What the turn has spent so far: its own requests and its children's turns."""
+
+    # Inputs.
+
+    def start(self, text: str, speaker: str | None = None, *, stored: bool = False) -> list[Effect]:
+        """Begin the turn with the user's ``text``.
+
+        ``stored``: the session was created with ``text`` as its last message and this turn
+        counted (a new child), so the turn asks the model at once.
+        """
+        if self.phase is not _Phase.IDLE:
+            raise RuntimeError("a turn can only start once")
+        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
+        if stored:
+            self._turn_start = len(self.state.transcript) - 1
+            return [event, *self._ask()]
+        self.state.turns += 1
+        # A turn cut off by a crash left calls without results: answer them first.
+        repairs = repair_results(self.state, self.registry, self.clock())
+        user = ChatMessage(role="user", content=text, name=speaker)
+        self._turn_start = len(self.state.transcript) + len(repairs)
+        return [event, *self._save((*repairs, user), self._ask)]
+
+    def persisted(self, request_id: int) -> list[Effect]:
+        """The store made ``request_id`` durable."""
+        if request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.COMPACTING:
+            return self._compacted()
+        if self.phase is not _Phase.SAVING or self._after_save is None:
+            return []
+        after, self._after_save = self._after_save, None
+        return after()
+
+    def store_failed(
+        self, request_id: int, detail: str, reason: FailReason = FailReason.STORE_ERROR
+    ) -> list[Effect]:
+        """The store could not do ``request_id``; the turn fails with ``reason`` (a new
+        child's first write can also find its id taken, ``spawn_error``, or run elsewhere,
+        ``busy``)."""
+        if request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.COMPACTING:
+            return self._compaction_failed(f"the store could not compact: {detail}")
+        return self.finish_turn(TurnFailed(self.state.id, reason, detail))
+
+    def model_answer(self, answer: ModelAnswer) -> list[Effect]:
+        """The model answered; a stale answer (another request id) is ignored."""
+        if answer.request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if answer.slot is not None:  # its prompt is cached there now: ask for it next time
+            self.state.slot = answer.slot
+            self.state.slot_cached = True
+        self.usage = add_usage(self.usage, answer.usage)  # a summary request costs tokens too
+        if self.phase is _Phase.SUMMARISING:
+            if answer.tool_calls or not (answer.content or "").strip():
+                got = "tool calls" if answer.tool_calls else "no text"
+                return self._compaction_failed(f"the summary request was answered with {got}")
+            return self._summarised(answer.content or "")
+        if self.phase is not _Phase.ASKING:
+            return []
+        if answer.usage.prompt_tokens > 0:
+            self.state.known_tokens = answer.usage.prompt_tokens
+            self.state.known_messages = self._asked_len
+        names = tuple(call.name for call in answer.tool_calls)
+        effects: list[Effect] = [
+            Emit(
+                ModelAnswered(
+                    session=self.state.id,
+                    step=self.step,
+                    content=answer.content,
+                    tools=names,
+                    slot=answer.slot,
+                    slot_wait_s=answer.slot_wait_s,
+                    usage=answer.usage,
+                )
+            )
+        ]
+        if not answer.tool_calls:
+            content = answer.content or ""
+            if answer.truncated and not self.limits.keep_truncated:
+                # Not stored: the next turn should not read a half answer as said.
+                return effects + self.finish_turn(
+                    TurnFailed(self.state.id, FailReason.MODEL_ERROR, self._cut_off_detail())
+                )
+            done = TurnCompleted(self.state.id, content, truncated=answer.truncated)
+            final = ChatMessage(role="assistant", content=content, usage=_stored(answer.usage))
+            return effects + self._save((final,), lambda: self.finish_turn(done))
+        calls = []
+        for proposed in answer.tool_calls:
+            calls.append(self._number(proposed))
+            self.state.next_call_id += 1
+        self._calls = calls
+        self._results = {}
+        self._truncated = answer.truncated
+        assistant = ChatMessage(
+            role="assistant",
+            content=answer.content,
+            tool_calls=tuple(calls),
+            usage=_stored(answer.usage),
+        )
+        if self.step >= self.limits.max_steps:
+            return effects + self._refuse_at_limit(assistant)
+        return effects + self._save((assistant,), self._dispatch)
+
+    def model_error(self, error: ModelError) -> list[Effect]:
+        """The model request failed; a prompt the server found too long is compacted and sent
+        once more."""
+        if error.request_id != self._waiting_for:
+            return []
+        self._waiting_for = None
+        if self.phase is _Phase.SUMMARISING:
+            return self._compaction_failed(f"the model could not summarise: {error.detail}")
+        if error.over_budget:
+            return self.finish_turn(TurnFailed(self.state.id, FailReason.BUDGET, error.detail))
+        failed = TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail)
+        if error.context_exceeded and not self._retried_too_long and self._turn_start > 0:
+            self._retried_too_long = True
+            if error.context_tokens:
+                self.state.context_tokens = error.context_tokens
+            self.step -= 1  # the refused request is sent again, as the same step
+            return self._compact_in_turn(self._send, lambda _detail: self.finish_turn(failed))
+        return self.finish_turn(failed)
+
+    def tool_result(self, result: ToolResult) -> list[Effect]:
+        """A dispatched call has its result; once all have, they go back in call order."""
+        if self.phase is not _Phase.CALLING or result.call_id in self._results:
+            return []
+        call = next((c for c in self._calls if c.id == result.call_id), None)
+        if call is None:
+            return []
+        if result.untrusted:
+            self.state.untrusted = True
+        text = cap_chars(result.text, self.limits.tool_result_cap)
+        self._results[call.id] = ToolResult(call.id, text, result.data_class, result.untrusted)
+        finished = ToolCallFinished(session=self.state.id, call_id=call.id, name=call.name)
+        return [Emit(finished), *self._maybe_continue()]
+
+    def subagent_result(self, result: SubagentResult) -> list[Effect]:
+        """A child answered the ``subagent`` call ``result.call_id``; what it spent is added to
+        this turn's usage."""
+        pending = result.call_id not in self._results
+        if (
+            self.phase is _Phase.CALLING
+            and pending
+            and any(c.id == result.call_id for c in self._calls)
+        ):
+            self.usage = add_usage(self.usage, result.usage)
+        text = subagent_result_text(result)
+        return self.tool_result(
+            ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted)
+        )
+
+    def cancel(self, reason: FailReason, detail: str) -> list[Effect]:
+        """End the turn now: whatever was awaited is dropped, and answers that come later are
+        ignored. Calls still without a result get one (stored, not waited for), so the
+        transcript stays valid. A turn whose outcome is decided (it is compacting) keeps it.
+        """
+        if self.done:
+            return []
+        effects: list[Effect] = self._stop_work()
+        self._waiting_for = None
+        if self.outcome is not None:
+            return [*effects, *self._finish()]
+        now = self.clock()
+        if self.phase is _Phase.COMPACTING and self._summary is not None and self._keep:
+            # The store compacts whatever happens now: hold what it will hold, this turn's
+            # messages after the summary, so the transcript and the store stay one.
+            self.state.replace([self._summary, *self._keep])
+            self.state.forget_counts()
+            effects.append(Persist(next(self.ids), self._keep))
+            self._keep = ()
+        if self.phase is _Phase.CALLING:
+            # Results that arrived are kept; only the missing ones are made up.
+            repairs = tuple(
+                ChatMessage(
+                    role="tool",
+                    content=self._results[c.id].text
+                    if c.id in self._results
+                    else _unanswered(self.state, self.registry, c, now),
+                    tool_call_id=c.id,
+                )
+                for c in self._calls
+            )
+        else:
+            repairs = repair_results(self.state, self.registry, now)
+        if repairs:
+            self.state.extend(repairs)
+            effects.append(Persist(next(self.ids), repairs))
+        outcome = TurnFailed(self.state.id, reason, detail)
+        return [*effects, *self._turn_ended(outcome), *self._finish()]
+
+    def _stop_work(self) -> list[Effect]:
+        """What stops the work in flight: the model request, the port calls without a result."""
+        if self.phase in (_Phase.ASKING, _Phase.SUMMARISING) and self._waiting_for is not None:
+            return [CancelModel(self._waiting_for)]
+        if self.phase is not _Phase.CALLING:
+            return []
+        now = self.clock()
+        return [
+            CancelPort(c.id)
+            for c in self._calls
+            if c.id not in self._results
+            and isinstance(route_call(self.registry, c.name, c.arguments, now), ToPort)
+        ]
+
+    @property
+    def done(self) -> bool:
+        """True once :class:`Finish` has been returned."""
+        return self._finished
+
+    # Steps.
+
+    def _next_id(self) -> int:
+        request_id = next(self.ids)
+        self._waiting_for = request_id
+        return request_id
+
+    def _save(
+        self, messages: tuple[ChatMessage, ...], then: Callable[[], list[Effect]]
+    ) -> list[Effect]:
+        self.state.extend(messages)
+        self.phase = _Phase.SAVING
+        self._after_save = then
+        return [Persist(self._next_id(), messages)]
+
+    def _number(self, proposed: ProposedCall) -> ToolCall:
+        """The next call id for ``proposed``; arguments a server could not parse are kept aside."""
+        call_id = self.state.next_call_id
+        if is_json_object(proposed.arguments):
+            return ToolCall(call_id, proposed.name, proposed.arguments)
+        return ToolCall(call_id, proposed.name, "{}", raw_arguments=proposed.arguments)
+
+    def _cut_off_detail(self) -> str:
+        return (
+            f"the model's answer hit max_tokens ({self.limits.max_tokens} tokens, "
+            "model.max_tokens) and was cut off; see docs/runbook.md#max-tokens"
+        )
+
+    def _context(self) -> int | None:
+        return self.state.context_tokens or self.limits.context_tokens
+
+    def _over_context(self, extra: tuple[ChatMessage, ...] = ()) -> bool:
+        context = self._context()
+        if context is None:
+            return False
+        return self.state.prompt_tokens(extra) > self.limits.threshold_ratio * context
+
+    def _ask(self) -> list[Effect]:
+        # Only the history before this turn can be summarised; once per turn is enough.
+        if not self._compacted_early and self._turn_start > 0 and self._over_context():
+            self._compacted_early = True
+            return self._compact_in_turn(self._send, lambda _detail: self._send())
+        return self._send()
+
+    def _send(self) -> list[Effect]:
+        self.step += 1
+        self.phase = _Phase.ASKING
+        self._asked_len = len(self.state.transcript)
+        sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
+        request = self._request(self.state.messages())
+        return [Emit(sent), request]
+
+    def _request(self, messages: tuple[ChatMessage, ...]) -> RequestModel:
+        s = self.state
+        return RequestModel(self._next_id(), s.slot, messages, prefer_slot=s.slot_cached)
+
+    def _dispatch(self) -> list[Effect]:
+        self.phase = _Phase.CALLING
+        effects: list[Effect] = []
+        now = self.clock()
+        spawned = 0
+        for call in self._calls:
+            effects.append(
+                Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
+            )
+            route = route_call(self.registry, call.name, call.as_written, now)
+            if self._truncated:
+                detail = f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)"
+                route = Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), True)
+            if isinstance(route, ToPort):
+                effects.append(CallPort(call.id, route.name, route.arguments))
+                continue
+            if isinstance(route, Remember):
+                if not self.state.untrusted or self.limits.untrusted_may_remember:
+                    effects.append(WriteMemory(call.id, route.text))
+                    continue
+                detail = "it may not write to memory (memory.allow_untrusted_writes is false)"
+                route = Answered(denial_message(DenyReason.UNTRUSTED, detail), True)
+            if isinstance(route, SpawnChild):
+                spawned += 1
+                denial = self._spawn(call.id, route, spawned, effects)
+                if denial is None:
+                    continue
+                route = denial
+            self._results[call.id] = ToolResult(call.id, route.text)
+            finished = ToolCallFinished(
+                session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
+            )
+            effects.append(Emit(finished))
+        return effects + self._maybe_continue()
+
+    def _spawn(
+        self, call_id: int, route: SpawnChild, nth: int, effects: list[Effect]
+    ) -> Answered | None:
+        """Add the Spawn of a ``subagent`` call to ``effects``, or return its denial."""
+        try:
+            child = child_id(self.state.id, call_id)
+        except ArgumentError as exc:
+            return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), True)
+        if depth_of(child) > self.limits.max_depth:
+            detail = f"{child} would be {depth_of(child)} levels deep; loop.max_depth is "
+            return Answered(
+                denial_message(DenyReason.LIMIT, detail + str(self.limits.max_depth)), True
+            )
+        if nth > self.limits.max_children:
+            detail = f"one answer may start {self.limits.max_children} children (loop.max_children)"
+            return Answered(denial_message(DenyReason.LIMIT, detail), True)
+        effects.append(Spawn(call_id, child, route.task, route.agent))
+        return None
+
+    def _maybe_continue(self) -> list[Effect]:
+        if len(self._results) < len(self._calls):
+            return []
+        messages = tuple(
+            ChatMessage(role="tool", content=self._results[c.id].text, tool_call_id=c.id)
+            for c in self._calls
+        )
+        self._calls, self._results = [], {}
+        return self._save(messages, self._ask)
+
+    def _refuse_at_limit(self, assistant: ChatMessage) -> list[Effect]:
+        detail = f"loop.max_steps is {self.limits.max_steps}"
+        text = denial_message(DenyReason.STEP_LIMIT, detail)
+        refusals = tuple(
+            ChatMessage(role="tool", content=text, tool_call_id=c.id) for c in self._calls
+        )
+        failed = TurnFailed(
+            self.state.id,
+            FailReason.TURN_LIMIT,
+            f"the model still called tools after {self.step} requests ({detail})",
+        )
+        return self._save((assistant, *refusals), lambda: self.finish_turn(failed))
+
+    def finish_turn(self, outcome: TurnOutcome) -> list[Effect]:
+        """Every turn ends here, children's included (SPEC 7): the turn's outcome is decided,
+        and a transcript past ``compact.threshold_chars`` is summarised before ``Finish``."""
+        effects = self._turn_ended(outcome)
+        # After a store failure the transcript in memory holds messages the store refused:
+        # nothing of them may go to the model, a summary request included.
+        refused = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
+        over = self.state.transcript_chars() > self.limits.threshold_chars or self._over_context()
+        if not refused and over:
+            self._keep = ()
+            self._after_compact = self._finish
+            self._if_not_compacted = lambda _detail: self._finish()
+            return [*effects, *self._summarise(self.state.transcript)]
+        return [*effects, *self._finish()]
+
+    def _compact_in_turn(
+        self,
+        then: Callable[[], list[Effect]],
+        otherwise: Callable[[str], list[Effect]],
+    ) -> list[Effect]:
+        """Summarise the history before this turn, keep this turn's messages after the summary,
+        then go on with ``then``; if the summary fails, ``otherwise(detail)``."""
+        history = self.state.transcript[: self._turn_start]
+        self._keep = tuple(self.state.transcript[self._turn_start :])
+        self._after_compact, self._if_not_compacted = then, otherwise
+        return self._summarise(history)
+
+    def _summarise(self, history: list[ChatMessage]) -> list[Effect]:
+        """Ask the model to summarise ``history``: as much of its end as fits the context."""
+        self.phase = _Phase.SUMMARISING
+        instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
+        context = self._context()
+        if context is not None:
+            budget = int(self.limits.threshold_ratio * context) - self.state.baseline_tokens()
+            budget -= _tokens(len(COMPACT_INSTRUCTION), 1)
+            history = _fitting_tail(history, budget)
+        system = ChatMessage(role="system", content=self.state.baseline.system)
+        messages = (system, *history, instruction)
+        return [self._request(messages)]
+
+    def _finish(self) -> list[Effect]:
+        assert self.outcome is not None
+        self.phase = _Phase.DONE
+        self._finished = True
+        # Everything the turn spent, a compaction after its outcome included.
+        if self.usage != Usage():  # zero stays the default, which a repr leaves out
+            self.outcome = msgspec.structs.replace(self.outcome, usage=self.usage)
+        return [Finish(self.outcome)]
+
+    def _turn_ended(self, outcome: TurnOutcome) -> list[Effect]:
+        self.outcome = outcome
+        self.phase = _Phase.DONE
+        if isinstance(outcome, TurnCompleted):
+            event = TurnEnded(session=self.state.id, completed=True)
+        else:
+            event = TurnEnded(
+                session=self.state.id, completed=False, reason=outcome.reason, detail=outcome.detail
+            )
+        return [Emit(event)]
+
+    def _summarised(self, content: str) -> list[Effect]:
+        text = SUMMARY_PREFIX + cap_chars(neutralise(content), self.limits.summary_chars)
+        self._summary = ChatMessage(role="user", content=text)
+        self.phase = _Phase.COMPACTING
+        return [Compact(self._next_id(), self._summary)]
+
+    def _compacted(self) -> list[Effect]:
+        assert self._summary is not None and self._after_compact is not None
+        before = self.state.transcript_chars()
+        self.state.replace([self._summary])
+        self.state.forget_counts()
+        self._turn_start = 1
+        then, self._after_compact = self._after_compact, None
+        keep, self._keep = self._keep, ()
+        # The store's compaction keeps only the summary: this turn's messages go after it again.
+        effects = self._save(keep, then) if keep else then()
+        after = self.state.transcript_chars()
+        compacted = Compacted(session=self.state.id, before=before, after=after)
+        return [Emit(compacted), *effects]
+
+    def _compaction_failed(self, detail: str) -> list[Effect]:
+        assert self._if_not_compacted is not None
+        failed = CompactionFailed(session=self.state.id, detail=detail)
+        otherwise, self._if_not_compacted = self._if_not_compacted, None
+        self._keep, self._after_compact = (), None
+        return [Emit(failed), *otherwise(detail)]
+
+
+def _fitting_tail(history: list[ChatMessage], budget: int) -> list[ChatMessage]:
+    """The longest end of ``history`` whose estimated tokens fit ``budget``, never starting
+    with a tool result (its call would be missing). A last message too long on its own is cut
+    to fit, so a summary is never asked of nothing."""
+    tail: list[ChatMessage] = []
+    used = 0
+    for message in reversed(history):
+        cost = _tokens(message_chars((message,)), 1)
+        if used + cost > budget:
+            if not tail and message.role != "tool":
+                room = max(0, (budget - _TOKENS_PER_MESSAGE) * CHARS_PER_TOKEN)
+                content = cap_chars(message.content or "", room)
+                tail.append(ChatMessage(role=message.role, content=content, name=message.name))
+            break
+        tail.append(message)
+        used += cost
+    while tail and tail[-1].role == "tool":
+        tail.pop()
+    return tail[::-1]

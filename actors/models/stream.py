@@ -1,0 +1,139 @@
+"""Streamed answers: a chat-completions answer built from its server-sent events.
+
+A server asked for ``"stream": true`` answers with ``data: {chunk}`` lines, each a
+``chat.completion.chunk`` whose ``choices[0].delta`` holds a piece of the text and pieces of the
+tool calls (the first piece of a call names it; its ``arguments`` text then arrives in pieces,
+by ``index``), then a chunk with ``finish_reason``, maybe one with ``usage`` (and llama.cpp's
+``timings``), then ``data: [DONE]``. :class:`StreamAssembler` takes the lines one by one, says
+which text each added, and builds the same :class:`~messages.ModelAnswer` as the whole answer
+would have given. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from actors.models.http import ModelFailure, parse_answer
+from messages import ModelAnswer
+
+__all__ = ["StreamAssembler", "StreamBroken"]
+
+
+class StreamBroken(ModelFailure):
+    """The stream ended before its answer did (no ``finish_reason`` and no ``[DONE]``)."""
+
+
+@dataclass
+class _Call:
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StreamAssembler:
+    """One streamed answer, fed line by line with :meth:`feed`; :meth:`answer` once it ended."""
+
+    _text: list[str] = field(default_factory=list)
+    _calls: dict[int, _Call] = field(default_factory=dict)
+    _finish: str | None = None
+    _usage: Any = None
+    _timings: Any = None
+    done: bool = False
+    """``data: [DONE]`` arrived."""
+
+    def feed(self, line: str) -> str:
+        """Take one line of the event stream; returns the answer text it added ('' for none).
+
+        Blank lines, comments (``: ...``) and other fields (``event:``, ``id:``) carry nothing.
+        Raises :class:`~actors.models.http.ModelFailure` for a ``data`` line that is not a JSON
+        object, or one that reports an ``error``.
+        """
+        if not line.startswith("data:"):
+            return ""
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return ""
+        try:
+            chunk = msgspec.json.decode(data)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise ModelFailure(
+                f"a piece of the model's streamed answer is not JSON: {exc}"
+            ) from None
+        if not isinstance(chunk, dict):
+            raise ModelFailure("a piece of the model's streamed answer is not a JSON object")
+        if "error" in chunk:
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise ModelFailure(f"the model's stream reported an error: {message}")
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        if isinstance(chunk.get("timings"), dict):
+            self._timings = chunk["timings"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return ""
+        choice = choices[0]
+        if isinstance(choice.get("finish_reason"), str):
+            self._finish = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return ""
+        for item in delta.get("tool_calls") or ():
+            if isinstance(item, dict):
+                self._call_piece(item)
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self._text.append(text)
+            return text
+        return ""
+
+    def _call_piece(self, item: dict[str, Any]) -> None:
+        index = item.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = len(self._calls)
+        call = self._calls.setdefault(index, _Call())
+        if isinstance(item.get("id"), str):
+            call.id = item["id"]
+        function = item.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                call.name += function["name"]
+            if isinstance(function.get("arguments"), str):
+                call.arguments.append(function["arguments"])
+
+    @property
+    def ended(self) -> bool:
+        """True once the answer is whole: a ``finish_reason`` or ``[DONE]`` arrived."""
+        return self.done or self._finish is not None
+
+    def answer(self, session: str, request_id: int) -> ModelAnswer:
+        """The answer the stream built, as :func:`~actors.models.http.parse_answer` reads a whole one.
+
+        Raises :class:`StreamBroken` if the stream has not :attr:`ended`.
+        """
+        if not self.ended:
+            raise StreamBroken("the model's streamed answer broke off before it ended")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self._text) if self._text else None,
+        }
+        if self._calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id or f"call_{index}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": "".join(call.arguments)},
+                }
+                for index, call in sorted(self._calls.items())
+            ]
+        whole: dict[str, Any] = {"choices": [{"message": message, "finish_reason": self._finish}]}
+        if self._usage is not None:
+            whole["usage"] = self._usage
+        if self._timings is not None:
+            whole["timings"] = self._timings
+        return parse_answer(session, request_id, msgspec.json.encode(whole))

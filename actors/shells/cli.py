@@ -1,0 +1,434 @@
+"""The ``loopd`` command line: demo, run, repl, serve, sessions.
+
+Exit codes: 0 done; 1 the turn failed; 2 bad input (flags, config, ids, files); 124 ``run
+--timeout`` ran out (the turn was cancelled); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actors.core.config import Config, ConfigError, check_wait
+from actors.core.text import escape_controls, redact
+from actors.core.usage import format_usage, total_usage, turn_usage
+from actors.runtime import Runtime
+from actors.shells.render import EventPrinter, table
+from actors.shells.serve import event_line
+from actors.stores.base import StoreBackend, open_store
+from actors.stores.lock import HomeInUse
+from actors.stores.reader import StoreReader
+from actors.stores.sqlite import DB_NAME, StoreError
+from actors.tools.loader import load_tools
+from messages import (
+    FailReason,
+    TurnCompleted,
+    TurnFailed,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
+
+__all__ = ["EXIT_TIMEOUT", "build_parser", "main", "show_session"]
+
+EXIT_TIMEOUT = 124
+"""``loopd run --timeout`` gave up waiting (as timeout(1) does); distinct from bad input's 2."""
+
+
+def _config(args: argparse.Namespace) -> Config:
+    config = Config.load(args.config) if args.config is not None else Config()
+    # ``is not None``: an empty --home or --base-url is refused by Config, not ignored.
+    if args.home is not None:
+        config = config.replace(home=args.home)
+    model_changes: dict[str, Any] = {}
+    if getattr(args, "base_url", None) is not None:
+        model_changes["base_url"] = args.base_url
+    if getattr(args, "model", None) is not None:
+        model_changes["name"] = args.model
+    if model_changes:
+        config = config.replace(model=msgspec.structs.replace(config.model, **model_changes))
+    return config
+
+
+def _one_shot(config: Config) -> Config:
+    """``config`` without its scheduled jobs: a one-shot command must not use up a due job
+    that the long-lived process on the same home should run."""
+    return config.replace(cron=(), heartbeat=None)
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds above 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        seconds = check_wait(value, "the timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert seconds is not None
+    return seconds
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the scripted three-level demo with the live event tree on stdout."""
+    import tempfile
+
+    from actors.shells.demo import DEMO_SESSION, DEMO_TEXT, demo_script
+    from actors.testing.model import ScriptedModel
+
+    with tempfile.TemporaryDirectory(prefix="loopd-demo-") as scratch:
+        config = Config(home=args.home if args.home is not None else scratch)
+        # Streamed, so the answers show as they are written.
+        config = config.replace(model=msgspec.structs.replace(config.model, stream=True))
+        print(f"loopd demo: a scripted model, offline; home {config.home}\n")
+        print(f"you → {DEMO_SESSION}: {DEMO_TEXT}\n")
+        with Runtime.start(config, model=ScriptedModel(demo_script)) as rt:
+            rt.subscribe(EventPrinter(sys.stdout))
+            outcome = rt.run_turn(DEMO_SESSION, DEMO_TEXT, timeout=60)
+        print()
+        if isinstance(outcome, TurnCompleted):
+            print(f"{DEMO_SESSION} → you: {outcome.content}")
+            return 0
+        print(f"the demo turn failed: {outcome.reason}: {outcome.detail}", file=sys.stderr)
+        return 1
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM leave like Ctrl-C does: through ``with Runtime``, so the runtime stops
+    cleanly (turns answered CANCELLED, the store written out) before the process exits."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """One turn against a real endpoint: the answer on stdout, events on stderr.
+
+    The answer and the events are shown with control characters escaped (a model cannot drive
+    the terminal); the store keeps them as they were. Scheduled jobs never run here.
+    """
+    # Before Runtime.start creates anything under home.
+    check_top_level_session(args.session)
+    check_text(args.text, "the turn text")
+    config = _one_shot(_config(args))
+    tools = load_tools(args.tools)
+    _exit_on_sigterm()
+    with Runtime.start(config, tools=tools) as rt:
+        if not args.quiet:
+            if args.json:
+                rt.subscribe(lambda event: print(event_line(event, True), file=sys.stderr))
+            else:
+                rt.subscribe(EventPrinter(sys.stderr))
+        try:
+            outcome = rt.run_turn(args.session, args.text, timeout=args.timeout, agent=args.agent)
+        except TimeoutError:
+            return _timed_out(rt, args)
+    if args.json:
+        print(msgspec.json.encode(outcome).decode())
+        return 0 if isinstance(outcome, TurnCompleted) else 1
+    if isinstance(outcome, TurnCompleted):
+        print(escape_controls(outcome.content))
+        return 0
+    detail = escape_controls(redact(outcome.detail, config.model.secrets()))
+    print(f"loopd: the turn failed: {outcome.reason}: {detail}", file=sys.stderr)
+    return 1
+
+
+def _timed_out(rt: Runtime, args: argparse.Namespace) -> int:
+    """``run --timeout`` ran out: cancel the turn and say exactly what became of it."""
+    cancelled = rt.cancel(args.session)
+    if cancelled:
+        children = len(cancelled) - 1
+        below = f" and {children} child session(s) below it" if children else ""
+        what = (
+            f"no answer within {args.timeout:g} s (--timeout): the turn of {args.session}"
+            f"{below} was cancelled; what it stored so far stays stored"
+        )
+    else:  # it ended in the instant between the wait running out and the cancel
+        what = (
+            f"no answer within {args.timeout:g} s (--timeout): the turn of {args.session} "
+            "ended just then, unread; see loopd sessions show"
+        )
+    if args.json:
+        print(msgspec.json.encode(TurnFailed(args.session, FailReason.TIMEOUT, what)).decode())
+    print(f"loopd: {what}", file=sys.stderr)
+    return EXIT_TIMEOUT
+
+
+def cmd_repl(args: argparse.Namespace) -> int:
+    """An interactive Python console with a started runtime (see actors.shells.repl)."""
+    from actors.shells.repl import run_repl
+
+    config = _config(args)
+    tools = load_tools(args.tools)
+    return run_repl(config, scripted=args.scripted, tools=tools, shell=args.shell)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the runtime and its scheduler until SIGTERM or SIGINT (see actors.shells.serve)."""
+    from actors.shells.serve import serve
+
+    config = _config(args)
+    return serve(config, json_lines=args.json, tools=load_tools(args.tools))
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    """List stored sessions, or show one."""
+    config = _config(args)
+    if config.store.url is not None:  # a PostgreSQL store: read it there
+        shared = open_store(config)
+        try:
+            return print_sessions(shared, args)
+        finally:
+            shared.close()
+    home = config.home_path
+    if home.exists() and not home.is_dir():
+        raise StoreError(None, f"the home {home} is not a folder")
+    path = home / DB_NAME
+    if not path.exists():
+        if args.action == "show":
+            raise StoreError(args.id, f"is not stored: {path} does not exist")
+        print(f"no sessions: {path} does not exist")
+        return 0
+    # Read-only: listing works on a home this user may not write to, and changes nothing.
+    with StoreReader(path) as store:
+        return print_sessions(store, args)
+
+
+def print_sessions(store: StoreBackend, args: argparse.Namespace) -> int:
+    """``loopd sessions`` (a table of every session, or one JSON line each with ``--json``) or
+    ``loopd sessions show ID``."""
+    if args.action == "show":
+        if args.json:
+            return show_session_json(store, args.id)
+        return show_session(store, args.id)
+    infos = store.list_sessions()
+    if args.json:
+        for i in infos:
+            print(msgspec.json.encode(_session_row(i)).decode())
+        return 0
+    if not infos:
+        print("no sessions")
+        return 0
+    rows = [
+        [
+            i.id,
+            str(i.slot),
+            str(i.turns),
+            "yes" if i.untrusted else "no",
+            str(i.messages),
+            i.updated_at,
+        ]
+        for i in infos
+    ]
+    print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    return 0
+
+
+def _session_row(info: Any) -> dict[str, Any]:
+    """One line of ``loopd sessions --json``."""
+    return {
+        "id": info.id,
+        "slot": info.slot,
+        "turns": info.turns,
+        "untrusted": info.untrusted,
+        "messages": info.messages,
+        "updated_at": info.updated_at,
+    }
+
+
+def show_session_json(store: StoreBackend, session: str) -> int:
+    """``loopd sessions show ID --json``: the session on the first line, then one line per
+    stored message (``seq``, ``compacted``, ``message`` in the chat-completions shape)."""
+    record = store.open(check_session_id(session))
+    head = {
+        "id": record.id,
+        "slot": record.slot,
+        "turns": record.turns,
+        "untrusted": record.untrusted,
+        "next_call_id": record.next_call_id,
+        "children": list(store.children(session)),
+    }
+    print(msgspec.json.encode(head).decode())
+    for stored in store.history(session):
+        line = {"seq": stored.seq, "compacted": stored.compacted, "message": stored.message}
+        print(msgspec.json.encode(line).decode())
+    return 0
+
+
+def show_session(store: StoreBackend, session: str) -> int:
+    """Print one stored session: its counters, children and transcript.
+
+    Model and tool text is shown with control characters escaped (``\\x1b``), so a stored
+    answer cannot drive the terminal; the store is only read.
+    """
+    record = store.open(check_session_id(session))
+    children = store.children(session)
+    print(f"session   {record.id}")
+    print(f"slot      {record.slot}")
+    print(f"agent     {record.agent}")
+    print(f"turns     {record.turns}")
+    print(f"untrusted {'yes' if record.untrusted else 'no'}")
+    print(f"next call {record.next_call_id}")
+    print(f"children  {', '.join(children) if children else '-'}")
+    turns = turn_usage(store, session)
+    own = total_usage(o for o, _ in turns)
+    print(f"usage     {format_usage(own)}")
+    print(f"  with children {format_usage(total_usage(t for _, t in turns))}")
+    for number, (mine, everything) in enumerate(turns, 1):
+        line = f"  turn {number}: {format_usage(mine)}"
+        if everything != mine:
+            line += f"; with children {format_usage(everything)}"
+        print(line)
+    print()
+    for stored in store.history(session):
+        m = stored.message
+        mark = " (compacted)" if stored.compacted else ""
+        who = m.role + (f" {m.name}" if m.name else "")
+        if m.tool_call_id is not None:
+            who += f" #{m.tool_call_id}"
+        print(escape_controls(f"[{stored.seq}] {who}{mark}", one_line=True))
+        if m.content:
+            for line in m.content.split("\n"):
+                print(f"    {escape_controls(line)}")
+        for call in m.tool_calls:
+            shown = f"    → #{call.id} {call.name}({call.as_written})"
+            print(escape_controls(shown, one_line=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``loopd``."""
+    parser = argparse.ArgumentParser(
+        prog="loopd",
+        description="An actor runtime for LLM agent sessions, with subagents.",
+        epilog="exit codes: 0 done, 1 the turn failed, 2 bad input, "
+        f"{EXIT_TIMEOUT} run --timeout ran out, 130 interrupted",
+    )
+    parser.add_argument("--version", action="version", version=f"loopd {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, *, endpoint: bool = False) -> None:
+        p.add_argument("--config", type=Path, help="a TOML config file")
+        p.add_argument("--home", help="the folder of the session store (overrides config)")
+        if endpoint:
+            p.add_argument("--base-url", help="the endpoint, up to /chat/completions")
+            p.add_argument("--model", help="the model name sent with each request")
+
+    demo = sub.add_parser("demo", help="a scripted parent, child and grandchild, offline")
+    demo.add_argument("--home", help="keep the demo's store here (default: a temporary folder)")
+    demo.set_defaults(fn=cmd_demo)
+
+    run = sub.add_parser("run", help="one turn against an OpenAI-compatible endpoint")
+    common(run, endpoint=True)
+    run.add_argument("--session", default="main", help="the session id (default: main)")
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        help=f"seconds to wait (> 0); then the turn is cancelled and loopd exits {EXIT_TIMEOUT}",
+    )
+    run.add_argument(
+        "--agent",
+        help="the agent profile ([agents.NAME]) of a new session; a stored one keeps its own",
+    )
+    run.add_argument("--json", action="store_true", help="the outcome and events as JSON lines")
+    _tools_flag(run)
+    run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
+    run.add_argument("text", help="what to say")
+    run.set_defaults(fn=cmd_run)
+
+    repl = sub.add_parser("repl", help="a Python console with a started runtime")
+    common(repl, endpoint=True)
+    repl.add_argument("--scripted", action="store_true", help="offline, on the demo's model")
+    shells = repl.add_mutually_exclusive_group()
+    shells.add_argument(
+        "--ipython",
+        dest="shell",
+        action="store_const",
+        const="ipython",
+        default="auto",
+        help="use IPython (the default when it is installed)",
+    )
+    shells.add_argument(
+        "--plain", dest="shell", action="store_const", const="plain", help="the plain console"
+    )
+    _tools_flag(repl)
+    repl.set_defaults(fn=cmd_repl)
+
+    serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")
+    common(serve, endpoint=True)
+    serve.add_argument("--json", action="store_true", help="each event as one JSON line")
+    _tools_flag(serve)
+    serve.set_defaults(fn=cmd_serve)
+
+    sessions = sub.add_parser("sessions", help="list stored sessions, or show one")
+    common(sessions)
+    sessions.add_argument("action", nargs="?", choices=["show"], help="show one session")
+    sessions.add_argument("id", nargs="?", help="the session id to show")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per line")
+    sessions.set_defaults(fn=cmd_sessions)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("loopd")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+def _tools_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="port tools to load: a PortTool or a list of them (repeatable)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``loopd`` console script; a closed stdout (``| head``) ends quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away: point stdout at nothing so the exit flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "action", None) == "show" and not args.id:
+        parser.error("sessions show needs a session ID")
+    try:
+        code: int = args.fn(args)
+    except BrokenPipeError:  # not bad input: main() ends it quietly
+        raise
+    except (ConfigError, StoreError, HomeInUse, ValueError, TypeError, OSError) as exc:
+        # URL credentials and tokens never reach the terminal, nor do its control sequences.
+        print(f"loopd: {escape_controls(redact(str(exc)))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Turn events as lines of text, indented by session depth: the live tree of the CLI."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+import msgspec
+
+from actors.core.dispatch import depth_of
+from actors.core.text import escape_controls
+from messages import (
+    Compacted,
+    CompactionFailed,
+    JobSkipped,
+    MemoryWarning,
+    ModelAnswered,
+    ModelRequestSent,
+    SubagentFinished,
+    SubagentStarted,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnEnded,
+    TurnEvent,
+    TurnStarted,
+)
+
+__all__ = ["EventPrinter", "render_event", "table"]
+
+_PREVIEW = 72
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Rows as a plain text table: columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def _preview(text: str | None) -> str:
+    one_line = " ".join((text or "").split())
+    return one_line if len(one_line) <= _PREVIEW else one_line[: _PREVIEW - 1] + "…"
+
+
+def _slot_note(event: ModelAnswered) -> str:
+    """`` (slot 2, waited 0.4 s for it)`` when the answer names its slot: where it really ran."""
+    if event.slot is None:
+        return ""
+    waited = f", waited {event.slot_wait_s:.1f} s for it" if event.slot_wait_s >= 0.05 else ""
+    return f" (slot {event.slot}{waited})"
+
+
+def _describe(event: TurnEvent) -> str:
+    match event:
+        case TurnStarted(slot=slot):
+            return f"turn started on slot {slot}"
+        case ModelRequestSent(step=step, slot=slot):
+            return f"→ model request {step} (slot {slot})"
+        case ModelAnswered(tools=tools, content=content) if tools:
+            return "← model calls " + ", ".join(tools) + _slot_note(event)
+        case ModelAnswered(content=content):
+            return f"← model answers{_slot_note(event)}: {_preview(content)}"
+        case ToolCallStarted(call_id=call_id, name=name):
+            return f"  call {call_id} {name} …"
+        case ToolCallFinished(call_id=call_id, name=name, denied=denied):
+            return f"  call {call_id} {name} {'denied' if denied else 'done'}"
+        case SubagentStarted(child=child, call_id=call_id):
+            return f"┬ spawns {child} for call {call_id}"
+        case SubagentFinished(child=child, completed=completed, reason=reason):
+            return f"┴ {child} {'completed' if completed else f'failed ({reason})'}"
+        case TurnEnded(completed=True):
+            return "turn completed"
+        case TurnEnded(reason=reason, detail=detail):
+            return f"turn failed: {reason}" + (f": {detail}" if detail else "")
+        case JobSkipped(job=job, held=held):
+            return f"skipped {job}: busy ({', '.join(held)})"
+        case Compacted(before=before, after=after):
+            return f"compacted {before} → {after} chars"
+        case CompactionFailed(detail=detail):
+            return f"compaction failed: {detail}"
+        case MemoryWarning(detail=detail):
+            return f"memory: {detail}"
+        case TextDelta(text=text):
+            return f"✎ {text}"
+    return type(event).__name__
+
+
+def render_event(event: TurnEvent) -> str:
+    """One line for ``event``: time, session (indented by depth) and what happened.
+
+    Model and tool text in it (an answer's preview, tool names, details) is shown with every
+    control character escaped, newlines included, so the line is one line and a model cannot
+    drive the terminal it is printed on.
+    """
+    indent = "│ " * depth_of(event.session)
+    what = escape_controls(_describe(event), one_line=True)
+    return f"{event.at:%H:%M:%S} {indent}{event.session}  {what}"
+
+
+class EventPrinter:
+    """Prints each event as :func:`render_event` renders it, one line each, on ``stream``;
+    the ``TextDelta`` pieces of a streamed answer go on one line as they come (``✎ ...``), so
+    the answer shows as it is written. Call it from one thread (the event bus's)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._writing: str | None = None  # the session whose text the open line shows
+
+    def __call__(self, event: TurnEvent) -> None:
+        """Print ``event``."""
+        out = self._stream
+        if isinstance(event, TextDelta):
+            if self._writing != event.session:
+                self._end_line()
+                out.write(render_event(msgspec.structs.replace(event, text="")))
+                self._writing = event.session
+            out.write(escape_controls(event.text, one_line=True))
+        else:
+            self._end_line()
+            out.write(render_event(event) + "\n")
+        out.flush()
+
+    def _end_line(self) -> None:
+        if self._writing is not None:
+            self._stream.write("\n")
+            self._writing = None

@@ -1,0 +1,102 @@
+"""``loopd serve``: the runtime and its scheduler as a long-running process (a daemon).
+
+It runs until SIGTERM or SIGINT, then stops the runtime cleanly (running turns answered
+``CANCELLED``, the store written out) and returns 0. Every turn event is one line on stdout:
+the CLI's rendered line, or one JSON object (the event as loopd encodes it) with ``json_lines``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+import msgspec
+
+from actors.core.config import Config
+from actors.runtime import Runtime
+from actors.shells.render import EventPrinter, render_event
+from actors.tools.tool import PortTool
+from messages import TurnEvent
+
+__all__ = ["event_line", "serve"]
+
+
+def event_line(event: TurnEvent, json_lines: bool) -> str:
+    """One event as one line: JSON (``{"type": "TurnStarted", ...}``) or the rendered text."""
+    if json_lines:
+        return msgspec.json.encode(event).decode()
+    return render_event(event)
+
+
+class _LineWriter:
+    """Writes lines from the bus thread; a closed or broken stdout only silences it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def printer(self) -> Callable[[TurnEvent], None]:
+        """The CLI's event printer (a streamed answer's pieces on one line) on this stream."""
+        printer = EventPrinter(self.stream)
+
+        def show(event: TurnEvent) -> None:
+            with self.lock:
+                if self.broken:
+                    return
+                try:
+                    printer(event)
+                except (BrokenPipeError, ValueError):  # a reader that went away
+                    self.broken = True
+
+        return show
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            if self.broken:
+                return
+            try:
+                print(line, file=self.stream, flush=True)
+            except (BrokenPipeError, ValueError):  # a reader that went away, a closed stream
+                self.broken = True
+
+
+def serve(
+    config: Config,
+    *,
+    json_lines: bool = False,
+    tools: Iterable[PortTool] = (),
+    stop: threading.Event | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run ``config``'s runtime (with its ``[[cron]]`` jobs and ``[heartbeat]``) until ``stop``
+    is set, or SIGTERM or SIGINT arrives when called on the main thread. Returns 0."""
+    stop = stop or threading.Event()
+    writer = _LineWriter(out or sys.stdout)
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        with Runtime.start(config, tools=tools) as rt:
+            if json_lines:
+                rt.subscribe(lambda event: writer.write(event_line(event, True)))
+            else:
+                rt.subscribe(writer.printer())
+            jobs = len(config.cron) + (1 if config.heartbeat else 0)
+            print(
+                f"loopd serve: running on {config.home} with {jobs} scheduled job(s); "
+                "SIGTERM or Ctrl-C stops it",
+                file=sys.stderr,
+                flush=True,
+            )
+            stop.wait()
+            print("loopd serve: stopping", file=sys.stderr, flush=True)
+        print("loopd serve: stopped", file=sys.stderr, flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

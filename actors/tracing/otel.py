@@ -1,0 +1,214 @@
+"""OpenTelemetry spans for loopd's turns (the ``loopd[otel]`` extra), after the GenAI
+semantic conventions.
+
+Each turn is an ``invoke_agent`` span, each model request a ``chat`` span and each tool call an
+``execute_tool`` span under it. A child's turn span is a child of its parent's ``execute_tool``
+span: the parent's session puts that span's context, as plain text, into the
+:class:`~messages.SubagentRequest`, and the Context hands it on to the child's
+:class:`~messages.RunTurn`. A turn started while the caller has a current span (a web request,
+say) is a child of that span.
+
+Spans use the global tracer provider unless one is given, so an application that sets up the
+OpenTelemetry SDK sees loopd's spans next to its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from messages import (
+    ModelAnswered,
+    ModelRequestSent,
+    SubagentStarted,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnEnded,
+    TurnEvent,
+    TurnStarted,
+)
+
+if TYPE_CHECKING:
+    from actors.core.config import Config
+    from actors.tracing.base import Trace
+
+__all__ = ["OtelTracer"]
+
+_SCOPE = "loopd"
+
+
+def _inject(span: Span) -> Trace:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+class OtelTracer:
+    """Turn events into OpenTelemetry spans (see the module's doc for the span tree).
+
+    ``tracer_provider`` defaults to the global one. Thread-safe: sessions call it from their
+    own threads.
+    """
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
+        self._given = tracer_provider is not None
+        self._lock = threading.Lock()
+        self._turns: dict[str, Span] = {}
+        self._models: dict[tuple[str, int], Span] = {}
+        self._tools: dict[tuple[str, int], Span] = {}
+        self.model_name = ""
+
+    def configure(self, config: Config) -> None:
+        """Take the model's name for ``gen_ai.request.model``."""
+        self.model_name = config.model.name
+
+    def caller_trace(self) -> Trace | None:
+        """The caller's current span as a carrier, or None when it has none."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return None
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return carrier
+
+    def call_trace(self, session: str, call_id: int) -> Trace | None:
+        """The ``execute_tool`` span of ``session``'s call ``call_id`` as a carrier."""
+        with self._lock:
+            span = self._tools.get((session, call_id))
+        return None if span is None else _inject(span)
+
+    def recording(self) -> bool:
+        """Whether spans go anywhere: a provider was given, or the application has set a global
+        one. Until then (the API installed, no SDK set up) every event is passed over: a
+        non-recording span per turn, request and call cost a child a tenth of its time."""
+        if self._given:
+            return True
+        provider = trace.get_tracer_provider()
+        return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+    def on_event(self, event: TurnEvent, trace_context: Trace | None) -> None:
+        """Open or close the span ``event`` marks (nothing while no provider records)."""
+        if not self.recording():
+            return
+        match event:
+            case TurnStarted():
+                self._turn_started(event, trace_context)
+            case ModelRequestSent():
+                self._child_span(
+                    self._models,
+                    (event.session, event.step),
+                    f"chat {self.model_name}".strip(),
+                    SpanKind.CLIENT,
+                    {
+                        "gen_ai.operation.name": "chat",
+                        "gen_ai.request.model": self.model_name,
+                        "loopd.session": event.session,
+                        "loopd.slot": event.slot,
+                        "loopd.step": event.step,
+                    },
+                )
+            case ModelAnswered():
+                self._model_answered(event)
+            case ToolCallStarted():
+                self._child_span(
+                    self._tools,
+                    (event.session, event.call_id),
+                    f"execute_tool {event.name}",
+                    SpanKind.INTERNAL,
+                    {
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": event.name,
+                        "gen_ai.tool.call.id": str(event.call_id),
+                        "loopd.session": event.session,
+                    },
+                )
+            case SubagentStarted():
+                with self._lock:
+                    span = self._tools.get((event.session, event.call_id))
+                if span is not None:
+                    span.set_attribute("loopd.child", event.child)
+            case ToolCallFinished():
+                with self._lock:
+                    span = self._tools.pop((event.session, event.call_id), None)
+                if span is not None:
+                    if event.denied:
+                        span.set_status(Status(StatusCode.ERROR, "denied"))
+                        span.set_attribute("error.type", "denied")
+                    span.end()
+            case TurnEnded():
+                self._turn_ended(event)
+            case _:
+                pass
+
+    def _turn_started(self, event: TurnStarted, carrier: Trace | None) -> None:
+        parent = propagate.extract(carrier or {})
+        span = self._tracer.start_span(
+            f"invoke_agent {event.session}",
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": event.session,
+                "gen_ai.conversation.id": event.session,
+                "gen_ai.request.model": self.model_name,
+                "loopd.session": event.session,
+                "loopd.slot": event.slot,
+            },
+        )
+        with self._lock:
+            old = self._turns.pop(event.session, None)
+            self._turns[event.session] = span
+        if old is not None:  # a turn that never reported its end
+            old.end()
+
+    def _child_span(
+        self,
+        table: dict[tuple[str, int], Span],
+        key: tuple[str, int],
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+    ) -> None:
+        with self._lock:
+            turn = self._turns.get(key[0])
+        context = trace.set_span_in_context(turn) if turn is not None else propagate.extract({})
+        span = self._tracer.start_span(name, context=context, kind=kind, attributes=attributes)
+        with self._lock:
+            table[key] = span
+
+    def _model_answered(self, event: ModelAnswered) -> None:
+        with self._lock:
+            span = self._models.pop((event.session, event.step), None)
+        if span is None:
+            return
+        span.set_attribute(
+            "gen_ai.response.finish_reasons", ["tool_calls" if event.tools else "stop"]
+        )
+        usage = event.usage
+        if usage.requests:  # the server reported the tokens (requests is 0 when it did not)
+            span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+        span.end()
+
+    def _turn_ended(self, event: TurnEnded) -> None:
+        with self._lock:
+            turn = self._turns.pop(event.session, None)
+            # Whatever is still open of this session's turn ends with it (a model error, a cancel).
+            left = [
+                table.pop(key)
+                for table in (self._models, self._tools)
+                for key in [k for k in table if k[0] == event.session]
+            ]
+        for span in left:
+            span.set_status(Status(StatusCode.ERROR, "the turn ended first"))
+            span.end()
+        if turn is None:  # refused before it began (busy, store error): no span was opened
+            return
+        if not event.completed:
+            reason = str(event.reason) if event.reason is not None else "failed"
+            turn.set_attribute("error.type", reason)
+            turn.set_status(Status(StatusCode.ERROR, event.detail or reason))
+        turn.end()
