@@ -17,11 +17,13 @@ from actors.core.config import (
     SlotsConfig,
 )
 from actors.dispatcher.directory import Directory
-from actors.models.http import AsyncChatModel, ChatModel, HttpChatModel, ModelFailure
+from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
+from actors.models.http import HttpChatModel
 from actors.runtime import Runtime
 from actors.stores.lock import HomeInUse
 from actors.stores.memory import FileMemory, MemoryFailure, MemorySource
-from actors.tools.tool import PortTool, ToolContext, ToolOutput, port_tool
+from actors.tools.tool import PortTool, ToolContext, ToolOutput
+from actors.tools.typed import port_tool
 
 __all__ = [
     "AgentConfig",

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from actors.core.config import Config
-from actors.models.http import ChatModel
+from actors.models.base import ChatModel
 from actors.runtime import Runtime
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import importlib.util
 import itertools
 import logging
 import threading
@@ -15,34 +17,30 @@ from typing import TYPE_CHECKING, Any, Self
 import msgspec
 import pykka
 
-from actors.core.agents import AgentEndpoints, Agents
+from actors.core.agents import Agents
 from actors.core.config import Config, ConfigError, check_wait
 from actors.core.dispatch import Registry
 from actors.core.text import RedactFilter, redact
 from actors.core.turn import Limits
 from actors.dispatcher import Dispatcher
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
-from actors.models.http import (
-    AsyncChatModel,
-    ChatModel,
-    HttpChatModel,
-    ModelFailure,
-    read_total_slots,
-)
+from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
+from actors.models.endpoints import AgentEndpoints
+from actors.models.http import HttpChatModel, read_total_slots
 from actors.models.llama import read_props
 from actors.models.offline import check_real_model
 from actors.services.events import EventBus, EventSink, Subscribers
 from actors.services.model_service import ModelService
 from actors.services.pool import PortRouter
 from actors.services.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
+from actors.services.store import StoreActor
 from actors.sessions.context import ContextActor
 from actors.sessions.session import SessionEnv
-from actors.stores.base import open_store, shared_memory, shared_schedule
 from actors.stores.lock import HomeLock
 from actors.stores.memory import MemorySource, default_memory
-from actors.stores.sqlite import StoreActor
+from actors.stores.open import open_store, shared_memory, shared_schedule
 from actors.tools.tool import PortTool, port_async_job, port_error, port_handler, port_timeout
-from actors.tracing.base import NoTracer, Tracer, default_tracer
+from actors.tracing.base import NoTracer, Tracer
 from messages import (
     CancelTurn,
     ContextStatus,
@@ -221,9 +219,9 @@ class Runtime:
                     "a cluster runtime's shards use [model], the shared store's memory and the "
                     "wall clock: model=, memory= and clock= are for one process only"
                 )
-            from actors.cluster import ClusterRuntime
-
-            return ClusterRuntime.launch(config, tools=tools or ())
+            engine: Any = _engine(config.cluster.engine)
+            launched: Runtime = engine.launch(config, tools=tools or ())
+            return launched
         config = resolve_config(config)
         tools = list(tools or ())
         registry = Registry(tool.spec for tool in tools)
@@ -522,3 +520,31 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+ENGINES = "loopd.engines"
+"""The entry-point group where a cluster engine is found by its ``[cluster] engine`` name (the
+Ray engine is ``actors.cluster:ClusterRuntime``): this module never imports an engine."""
+
+
+def _engine(name: str) -> Any:
+    """The engine class registered as ``name`` in :data:`ENGINES`; ``ValueError`` if none is."""
+    found = importlib.metadata.entry_points(group=ENGINES, name=name)
+    for entry in found:
+        return entry.load()
+    raise ValueError(
+        f"[cluster] engine = {name!r}: no engine of that name is installed "
+        f"(entry-point group {ENGINES!r}; is loopd installed with pip install '.[ray]'?)"
+    )
+
+
+def default_tracer() -> Tracer:
+    """OpenTelemetry's tracer (:class:`~actors.tracing.otel.OtelTracer`, global provider)
+    when ``opentelemetry-api`` is installed; otherwise :class:`NoTracer`, importing nothing."""
+    if importlib.util.find_spec("opentelemetry") is None:  # looks, imports nothing
+        return NoTracer()
+    if importlib.util.find_spec("opentelemetry.trace") is None:  # another opentelemetry part
+        return NoTracer()
+    from actors.tracing.otel import OtelTracer
+
+    return OtelTracer()

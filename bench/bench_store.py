@@ -30,7 +30,7 @@ from typing import Any
 import pykka
 
 from actors import Config, LoopConfig, Runtime
-from actors.stores.sqlite import StoreActor
+from actors.services.store import StoreActor
 from actors.testing import ScriptedModel, calls, reply
 from actors.testing.script import Answer
 from messages import ModelRequest, TurnCompleted

@@ -713,8 +713,8 @@ def test_sessions_never_writes_the_store(tmp_path: Path) -> None:
     stamp = (db.stat().st_mtime_ns, db.read_bytes())
     assert loopd(tmp_path, "sessions", "--home", home).returncode == 0
     assert (db.stat().st_mtime_ns, db.read_bytes()) == stamp
+    from actors.stores.base import StoreError
     from actors.stores.reader import StoreReader
-    from actors.stores.sqlite import StoreError
 
     with StoreReader(db) as reader, pytest.raises(StoreError, match="readonly"):
         reader.append("kept", (), turns=9, next_call_id=9, untrusted=False)

@@ -41,7 +41,8 @@ import pytest
 
 from actors.core.dispatch import child_id
 from actors.core.turn import SUMMARY_PREFIX
-from actors.stores.sqlite import DB_NAME, SessionStore, StoredMessage
+from actors.stores.base import StoredMessage
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import reply
 from messages import ChatMessage, DenyReason, ModelRequest, TurnCompleted, denial_message
 

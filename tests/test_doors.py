@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from actors import Config, ModelConfig, port_tool
 from actors.core.config import ConfigError, HeartbeatConfig
 from actors.core.text import REDACTED, escape_controls, redact
-from actors.models.http import ModelFailure, parse_answer
+from actors.models.base import ModelFailure
+from actors.models.wire import parse_answer
 from actors.runtime import Runtime
 from actors.shells.render import render_event
 from actors.shells.repl import Helpers

@@ -12,7 +12,9 @@ import pytest
 
 from actors.core.config import Config, ConfigError, ModelConfig
 from actors.dispatcher.directory import Directory
-from actors.models.http import HttpChatModel, ModelFailure, answer_too_large
+from actors.models.base import ModelFailure
+from actors.models.http import HttpChatModel
+from actors.models.wire import answer_too_large
 from actors.runtime import Runtime
 from actors.services.model_service import ModelService
 from actors.shells.render import render_event

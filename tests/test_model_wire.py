@@ -14,16 +14,9 @@ import httpx
 import pytest
 
 from actors.core.config import ModelConfig
-from actors.models.http import (
-    HttpChatModel,
-    ModelFailure,
-    encode_body,
-    is_retryable,
-    parse_answer,
-    props_url,
-    request_body,
-    retry_delay,
-)
+from actors.models.base import ModelFailure
+from actors.models.http import HttpChatModel, is_retryable, props_url, retry_delay
+from actors.models.wire import encode_body, parse_answer, request_body
 from actors.testing.chat_server import ChatServer, Delayed
 from actors.testing.script import Answer, RawResponse, call, calls, reply
 from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec

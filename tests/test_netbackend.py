@@ -1,4 +1,5 @@
-"""The model client's plain-TCP backend (actors.models.netbackend), against real sockets on 127.0.0.1:
+"""The model client's plain-TCP backend (actors.models.netbackend), against real sockets on
+127.0.0.1:
 one request goes out in one send when its answer is read, a large body goes out whole, a
 keep-alive connection the server closed is not reused, a name is resolved, and a refused
 connection is an httpx.ConnectError."""

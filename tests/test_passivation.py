@@ -13,7 +13,8 @@ import pytest
 from actors import Config, Runtime
 from actors.core.passivation import IdleSessions
 from actors.testing import Probe, ScriptedModel, call, reply
-from actors.tools.tool import ToolOutput, port_tool
+from actors.tools.tool import ToolOutput
+from actors.tools.typed import port_tool
 from messages import (
     Inspect,
     ModelRequest,

@@ -8,7 +8,8 @@ from typing import Any
 from actors.services.pool import IdleQueue
 from actors.testing import Probe
 from actors.testing.script import call, reply
-from actors.tools.tool import PortTool, ToolContext, port_tool
+from actors.tools.tool import PortTool, ToolContext
+from actors.tools.typed import port_tool
 from messages import FailReason, ModelRequest, ToolResult, ToolSpec, TurnCompleted, TurnFailed
 
 WAIT = 10.0

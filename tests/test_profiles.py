@@ -16,7 +16,7 @@ from actors import Config, ModelConfig, Runtime
 from actors.core.agents import Agents
 from actors.core.config import AgentConfig, ConfigError
 from actors.core.dispatch import SUBAGENT_SPEC, Answered, Registry, SpawnChild, ToPort, dispatch
-from actors.models.http import request_body
+from actors.models.wire import request_body
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import ScriptedModel, call, reply
 from messages import (

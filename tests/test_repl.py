@@ -1,6 +1,7 @@
 """``loopd repl``: the real console driven through a pseudo-terminal (SPEC 10).
 
-Each test spawns ``python -m actors.shells.cli repl --scripted`` (the demo's scripted model, offline)
+Each test spawns ``python -m actors.shells.cli repl --scripted`` (the demo's scripted model,
+offline)
 with ``HOME`` and the store in the test's temporary folder, and talks to it as a user would:
 lines at the ``>>> `` prompt, a TAB for completion, ``exit()`` or Ctrl-D to leave.
 """

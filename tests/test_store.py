@@ -18,17 +18,15 @@ from pykka import ThreadingFuture
 from pykka._envelope import Envelope
 
 from actors.dispatcher.directory import STORE, Directory
-from actors.stores.sqlite import (
-    SCHEMA_VERSION,
+from actors.services.store import StoreActor, _Inbox
+from actors.stores.base import (
     SessionExists,
     SessionNotFound,
-    SessionStore,
     SessionTaken,
-    StoreActor,
     StoreError,
     StoreFileReplaced,
-    _Inbox,
 )
+from actors.stores.sqlite import SCHEMA_VERSION, SessionStore
 from actors.testing import Probe
 from messages import (
     Appended,

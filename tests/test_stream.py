@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from actors import AgentConfig, Config, ModelConfig
-from actors.models.http import ModelFailure, parse_answer
+from actors.models.base import ModelFailure
 from actors.models.stream import StreamAssembler, StreamBroken
+from actors.models.wire import parse_answer
 from actors.shells.render import EventPrinter
 from actors.testing import Probe, RawResponse, ScriptedModel, call, reply, with_usage
 from actors.testing.chat_server import Drip, sse_body

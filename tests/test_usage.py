@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from actors import Config, ModelConfig, Runtime
-from actors.core.usage import add_usage, total_usage, turn_usage
+from actors.core.usage import add_usage, total_usage
+from actors.shells.views import turn_usage
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import RawResponse, ScriptedModel, call, calls, reply, with_usage
 from messages import (

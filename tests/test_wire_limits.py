@@ -8,15 +8,9 @@ from typing import Any
 import pytest
 
 from actors.core.config import ModelConfig
-from actors.models.http import (
-    HttpChatModel,
-    ModelFailure,
-    encode_body,
-    error_detail,
-    http_failure,
-    is_retryable,
-    parse_answer,
-)
+from actors.models.base import ModelFailure
+from actors.models.http import HttpChatModel, is_retryable
+from actors.models.wire import encode_body, error_detail, http_failure, parse_answer
 from actors.testing.chat_server import ChatServer
 from actors.testing.script import RawResponse, reply
 from messages import ChatMessage, ModelRequest, ToolCall, Usage

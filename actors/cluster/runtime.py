@@ -30,7 +30,7 @@ from actors.core.config import Config
 from actors.dispatcher.directory import Directory
 from actors.runtime import Runtime
 from actors.services.events import Subscribers
-from actors.stores.base import open_store
+from actors.stores.open import open_store
 from actors.tools.tool import PortTool
 from messages import (
     FailReason,
@@ -107,7 +107,7 @@ class ClusterRuntime(Runtime):
     def launch(cls, config: Config, *, tools: Iterable[PortTool] = ()) -> ClusterRuntime:
         """Join (or start) Ray and start ``config.cluster.shards`` shards; wait until all run.
 
-        Raises :class:`~actors.stores.sqlite.StoreError` if the store cannot be opened and
+        Raises :class:`~actors.stores.base.StoreError` if the store cannot be opened and
         :class:`ShardStartError` if Ray or a shard cannot start.
         """
         ray = _ray()

@@ -391,3 +391,11 @@ def descends_from(candidate: str, session: str) -> bool:
         return False
     numbers = rest[len(session) + 1 :].split("-")
     return len(numbers) == levels and all(n.isdigit() and n.isascii() for n in numbers)
+
+
+def is_json_object(text: str) -> bool:
+    """True if ``text`` parses as a JSON object (what a server accepts as tool-call arguments)."""
+    try:
+        return isinstance(msgspec.json.decode(text), dict)
+    except (msgspec.DecodeError, RecursionError):
+        return False

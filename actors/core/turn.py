@@ -44,11 +44,11 @@ from actors.core.dispatch import (
     ToPort,
     child_id,
     depth_of,
+    is_json_object,
 )
 from actors.core.dispatch import dispatch as route_call
 from actors.core.text import cap_chars, neutralise
 from actors.core.usage import add_usage
-from actors.models.http import is_json_object
 from messages import (
     Baseline,
     ChatMessage,

@@ -1,14 +1,13 @@
-"""Adding up token usage: a turn's own requests, its children's turns, a stored session."""
+"""Adding up token usage: a turn's own requests, its children's turns, a stored session's
+messages (:func:`actors.shells.views.turn_usage` reads a stored session's turns)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
-from actors.stores.sqlite import SessionNotFound, StoredMessage
 from messages import ChatMessage, Usage
 
-__all__ = ["add_usage", "format_usage", "stored_usage", "total_usage", "turn_usage"]
+__all__ = ["add_usage", "format_usage", "stored_usage", "total_usage"]
 
 SUMMARY = "Summary of the earlier conversation:\n"
 """How a compaction summary begins (``actors.core.turn.SUMMARY_PREFIX``): not a turn of its own."""
@@ -44,43 +43,3 @@ def format_usage(usage: Usage) -> str:
         f"{usage.completion_tokens:,} completion tokens, {usage.requests:,} "
         f"request{'' if usage.requests == 1 else 's'}"
     )
-
-
-class _Reader(Protocol):
-    def history(self, id: str) -> list[StoredMessage]: ...
-
-
-def turn_usage(store: _Reader, session: str, *, _depth: int = 0) -> list[tuple[Usage, Usage]]:
-    """``(own, with children)`` usage of each stored turn of ``session``, in order.
-
-    ``own`` sums the usage stored with the session's answers in that turn; ``with children``
-    adds every child that turn spawned (``sub-<session>-<call id>``), their children included.
-    A turn begins at each user message that is not a compaction summary. Compacted messages
-    count (they were spent); a summary request's own tokens are not stored, so not counted.
-    """
-    turns: list[tuple[Usage, Usage]] = []
-    own = total = Usage()
-    started = False
-    for stored in store.history(session):
-        message = stored.message
-        if message.role == "user" and not (message.content or "").startswith(SUMMARY):
-            if started:
-                turns.append((own, total))
-            own = total = Usage()
-            started = True
-            continue
-        if message.usage is not None:
-            own = add_usage(own, message.usage)
-            total = add_usage(total, message.usage)
-        for call in message.tool_calls:
-            child = f"sub-{session}-{call.id}"
-            if call.name not in ("subagent", "call_tool") or len(child) > 64 or _depth > 64:
-                continue
-            try:
-                below = turn_usage(store, child, _depth=_depth + 1)
-            except SessionNotFound:
-                continue
-            total = add_usage(total, total_usage(t for _, t in below))
-    if started:
-        turns.append((own, total))
-    return turns

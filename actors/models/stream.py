@@ -16,7 +16,8 @@ from typing import Any
 
 import msgspec
 
-from actors.models.http import ModelFailure, parse_answer
+from actors.models.base import ModelFailure
+from actors.models.wire import parse_answer
 from messages import ModelAnswer
 
 __all__ = ["StreamAssembler", "StreamBroken"]
@@ -49,7 +50,7 @@ class StreamAssembler:
         """Take one line of the event stream; returns the answer text it added ('' for none).
 
         Blank lines, comments (``: ...``) and other fields (``event:``, ``id:``) carry nothing.
-        Raises :class:`~actors.models.http.ModelFailure` for a ``data`` line that is not a JSON
+        Raises :class:`~actors.models.base.ModelFailure` for a ``data`` line that is not a JSON
         object, or one that reports an ``error``.
         """
         if not line.startswith("data:"):
@@ -112,7 +113,8 @@ class StreamAssembler:
         return self.done or self._finish is not None
 
     def answer(self, session: str, request_id: int) -> ModelAnswer:
-        """The answer the stream built, as :func:`~actors.models.http.parse_answer` reads a whole one.
+        """The answer the stream built, as :func:`~actors.models.wire.parse_answer` reads a
+        whole one.
 
         Raises :class:`StreamBroken` if the stream has not :attr:`ended`.
         """

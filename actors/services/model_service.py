@@ -1,6 +1,7 @@
 """The model service: every model request of a runtime as a task of one asyncio loop.
 
-It stands at the ``model`` address of the :class:`~actors.dispatcher.directory.Directory`. ``tell`` hands
+It stands at the ``model`` address of the
+:class:`~actors.dispatcher.directory.Directory`. ``tell`` hands
 a message to its loop (``call_soon_threadsafe``); the loop runs in one thread of its own. For
 each :class:`~messages.ModelRequest` it starts a task that
 
@@ -39,7 +40,7 @@ import msgspec
 
 from actors.core.slots import Grant, SlotTable
 from actors.dispatcher.directory import EVENTS, Directory
-from actors.models.http import AsyncChatModel, ChatModel, ModelFailure
+from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
 from messages import (
     CancelModelRequest,
     ModelAnswer,

@@ -10,7 +10,8 @@ answered once. A job past the time limit is answered by the router with ``on_tim
 the worker's late reply is then dropped.
 
 A job for an ``async def`` tool takes no worker: the router starts it as a task on the pool's
-event loop (:class:`~actors.services.tool_loop.ToolLoop`), with the same ticket, time limit and cancel;
+event loop (:class:`~actors.services.tool_loop.ToolLoop`), with the same ticket, time limit
+and cancel;
 cancelling it cancels the task.
 """
 
@@ -23,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -31,33 +32,12 @@ import pykka
 from actors.dispatcher.directory import Directory
 from actors.dispatcher.inbox import SimpleInbox
 from actors.services.tool_loop import ToolLoop
+from actors.tools.context import Ticket
 from messages import CancelPortCall
 
-__all__ = ["IdleQueue", "PoolWorker", "PortRouter", "Ticket"]
+__all__ = ["IdleQueue", "PoolWorker", "PortRouter"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Ticket:
-    """One job on its way through the pool."""
-
-    job: Any
-    key: Hashable
-    deadline: float | None = None
-    """``time.monotonic()`` by which the job should be done, or None."""
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    """Set when nobody waits for the job's result any more: the job should stop."""
-    _answered: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def claim(self) -> bool:
-        """True for the first caller only: that one answers the job."""
-        with self._lock:
-            if self._answered:
-                return False
-            self._answered = True
-            return True
 
 
 Handler = Callable[[Any, Ticket], Any]

@@ -19,25 +19,25 @@ import msgspec
 
 from actors.core.config import Config, ConfigError, check_wait
 from actors.core.text import escape_controls, redact
-from actors.core.usage import format_usage, total_usage, turn_usage
 from actors.runtime import Runtime
 from actors.shells.render import EventPrinter, table
 from actors.shells.serve import event_line
-from actors.stores.base import StoreBackend, open_store
+from actors.shells.views import show_session, show_session_json
+from actors.stores.base import StoreBackend, StoreError
 from actors.stores.lock import HomeInUse
+from actors.stores.open import open_store
 from actors.stores.reader import StoreReader
-from actors.stores.sqlite import DB_NAME, StoreError
+from actors.stores.sqlite import DB_NAME
 from actors.tools.loader import load_tools
 from messages import (
     FailReason,
     TurnCompleted,
     TurnFailed,
-    check_session_id,
     check_text,
     check_top_level_session,
 )
 
-__all__ = ["EXIT_TIMEOUT", "build_parser", "main", "show_session"]
+__all__ = ["EXIT_TIMEOUT", "build_parser", "main"]
 
 EXIT_TIMEOUT = 124
 """``loopd run --timeout`` gave up waiting (as timeout(1) does); distinct from bad input's 2."""
@@ -246,66 +246,6 @@ def _session_row(info: Any) -> dict[str, Any]:
         "messages": info.messages,
         "updated_at": info.updated_at,
     }
-
-
-def show_session_json(store: StoreBackend, session: str) -> int:
-    """``loopd sessions show ID --json``: the session on the first line, then one line per
-    stored message (``seq``, ``compacted``, ``message`` in the chat-completions shape)."""
-    record = store.open(check_session_id(session))
-    head = {
-        "id": record.id,
-        "slot": record.slot,
-        "turns": record.turns,
-        "untrusted": record.untrusted,
-        "next_call_id": record.next_call_id,
-        "children": list(store.children(session)),
-    }
-    print(msgspec.json.encode(head).decode())
-    for stored in store.history(session):
-        line = {"seq": stored.seq, "compacted": stored.compacted, "message": stored.message}
-        print(msgspec.json.encode(line).decode())
-    return 0
-
-
-def show_session(store: StoreBackend, session: str) -> int:
-    """Print one stored session: its counters, children and transcript.
-
-    Model and tool text is shown with control characters escaped (``\\x1b``), so a stored
-    answer cannot drive the terminal; the store is only read.
-    """
-    record = store.open(check_session_id(session))
-    children = store.children(session)
-    print(f"session   {record.id}")
-    print(f"slot      {record.slot}")
-    print(f"agent     {record.agent}")
-    print(f"turns     {record.turns}")
-    print(f"untrusted {'yes' if record.untrusted else 'no'}")
-    print(f"next call {record.next_call_id}")
-    print(f"children  {', '.join(children) if children else '-'}")
-    turns = turn_usage(store, session)
-    own = total_usage(o for o, _ in turns)
-    print(f"usage     {format_usage(own)}")
-    print(f"  with children {format_usage(total_usage(t for _, t in turns))}")
-    for number, (mine, everything) in enumerate(turns, 1):
-        line = f"  turn {number}: {format_usage(mine)}"
-        if everything != mine:
-            line += f"; with children {format_usage(everything)}"
-        print(line)
-    print()
-    for stored in store.history(session):
-        m = stored.message
-        mark = " (compacted)" if stored.compacted else ""
-        who = m.role + (f" {m.name}" if m.name else "")
-        if m.tool_call_id is not None:
-            who += f" #{m.tool_call_id}"
-        print(escape_controls(f"[{stored.seq}] {who}{mark}", one_line=True))
-        if m.content:
-            for line in m.content.split("\n"):
-                print(f"    {escape_controls(line)}")
-        for call in m.tool_calls:
-            shown = f"    → #{call.id} {call.name}({call.as_written})"
-            print(escape_controls(shown, one_line=True))
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

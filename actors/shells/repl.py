@@ -28,8 +28,8 @@ from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, ses
 from actors.runtime import Runtime
 from actors.shells.render import EventPrinter
 from actors.shells.views import SessionRow, SessionTable, SessionView, session_view
-from actors.stores.base import open_store
-from actors.stores.sqlite import StoreError
+from actors.stores.base import StoreError
+from actors.stores.open import open_store
 from actors.tools.tool import PortTool
 from messages import (
     ChatMessage,

@@ -1,26 +1,35 @@
-"""What the store actor needs of a session store, whichever database holds it.
+"""What the store actor needs of a session store, whichever database holds it: the protocol,
+its errors and its records.
 
 :class:`StoreBackend` is the protocol both stores implement: the SQLite file in ``home``
 (:class:`~actors.stores.sqlite.SessionStore`, the default) and PostgreSQL
-(:class:`~actors.stores.postgres.PgSessionStore`, chosen by ``[store] url``). The ``*_in`` methods run
-inside a transaction that :meth:`StoreBackend.run_batch` opened; their ``cur`` is that
+(:class:`~actors.stores.postgres.PgSessionStore`, chosen by ``[store] url``). The ``*_in``
+methods run inside a transaction that :meth:`StoreBackend.run_batch` opened; their ``cur`` is that
 backend's own cursor, opaque to everyone else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import msgspec
 
 from messages.chat import Baseline, ChatMessage
 from messages.runtime import SessionRecord
 
-if TYPE_CHECKING:
-    from actors.core.config import Config
-    from actors.stores.postgres import PgMemory, PgSchedulerState
-    from actors.stores.sqlite import SessionInfo, StoredMessage
-
-__all__ = ["StoreBackend", "open_store", "shared_memory", "shared_schedule"]
+__all__ = [
+    "Exists",
+    "SessionExists",
+    "SessionInfo",
+    "SessionNotFound",
+    "SessionTaken",
+    "StoreBackend",
+    "StoreError",
+    "StoreFileReplaced",
+    "StoredMessage",
+]
 
 _T = TypeVar("_T")
 
@@ -108,47 +117,99 @@ class StoreBackend(Protocol):
         ...
 
 
-def open_store(config: Config) -> StoreBackend:
-    """The store ``config`` names: PostgreSQL at ``[store] url``, or ``<home>/loopd.db``.
+class StoreError(Exception):
+    """A store operation failed; the message names the session (when there is one) and why.
 
-    Raises :class:`~actors.stores.sqlite.StoreError` if it cannot be opened.
+    ``session`` is the session concerned (or None for the store as a whole) and ``detail`` what
+    went wrong.
     """
-    if config.store.url is not None:
-        try:
-            from actors.stores.postgres import PgSessionStore
-        except ImportError as exc:
-            from actors.stores.sqlite import StoreError
 
-            raise StoreError(
-                None,
-                f"[store] url names PostgreSQL but psycopg is missing ({exc}): "
-                "pip install 'loopd[postgres]'",
-            ) from exc
+    held_elsewhere = False
+    """True for a session another process runs (a shared store's per-session lock)."""
 
-        return PgSessionStore(config.store.url, connect_timeout_s=config.store.connect_timeout_s)
-    from actors.stores.sqlite import DB_NAME, SessionStore
+    def __init__(self, session: str | None, detail: str) -> None:
+        # Both go into args so the exception pickles and copies with the same text.
+        super().__init__(session, detail)
+        self.session = session
+        self.detail = detail
 
-    return SessionStore(config.home_path / DB_NAME)
+    def __str__(self) -> str:
+        if self.session is None:
+            return self.detail
+        return f"session {self.session!r}: {self.detail}"
 
 
-def shared_memory(config: Config) -> PgMemory | None:
-    """The memory source of a PostgreSQL store (entries shared by every process), else None."""
-    if config.store.url is None:
-        return None
-    from actors.stores.postgres import PgMemory
+class SessionExists(StoreError):
+    """``create`` was asked for a session id that is already stored."""
 
-    return PgMemory(
-        config.store.url,
-        connect_timeout_s=config.store.connect_timeout_s,
-        max_chars=config.memory.max_chars,
-        max_entry_chars=config.memory.max_entry_chars,
-    )
+    def __init__(self, session: str, detail: str = "already exists") -> None:
+        super().__init__(session, detail)
 
 
-def shared_schedule(config: Config) -> PgSchedulerState | None:
-    """The scheduler's state store of a PostgreSQL store (shared by a cluster), else None."""
-    if config.store.url is None:
-        return None
-    from actors.stores.postgres import PgSchedulerState
+Exists = SessionExists
+"""SPEC 7's name for the error of ``create`` on a known id."""
 
-    return PgSchedulerState(config.store.url, connect_timeout_s=config.store.connect_timeout_s)
+
+class SessionNotFound(StoreError):
+    """The session id is not stored."""
+
+    def __init__(self, session: str, detail: str = "is not stored") -> None:
+        super().__init__(session, detail)
+
+
+class SessionTaken(StoreError):
+    """A child's id holds a record that its parent's spawn did not create.
+
+    Such a record (a top-level session on a child-shaped id, or a child of another parent) is
+    never opened as the child: the spawn fails and nothing of the record is used.
+    """
+
+    def __init__(self, session: str, parent: str) -> None:
+        super().__init__(
+            session,
+            f"the id is taken: its stored record was not created by a spawn of {parent!r}, and "
+            "a child is opened only by its parent (see docs/runbook.md#child-id-taken)",
+        )
+
+
+class StoreFileReplaced(StoreError):
+    """The store's file was removed or replaced while the store had it open.
+
+    Writing on would go to a file nobody can open again, so every later request fails with this.
+    """
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(
+            None,
+            f"the store file {path} was removed or replaced while the runtime ran ({detail}); "
+            "nothing more is written to it (see docs/runbook.md#store-file-replaced)",
+        )
+
+
+class SessionInfo(msgspec.Struct, frozen=True):
+    """One line of :meth:`SessionStore.list_sessions`: a session's counters, not its messages.
+
+    ``messages`` counts every stored message of the session, compacted ones included.
+    """
+
+    id: str
+    slot: int
+    turns: int
+    untrusted: bool
+    messages: int
+    created_at: str
+    updated_at: str
+    parent: str | None = None
+    agent: str = "default"
+
+
+class StoredMessage(msgspec.Struct, frozen=True):
+    """One stored message of :meth:`SessionStore.history`, with its sequence number and time.
+
+    ``compacted`` is True for a message that a compaction summary has replaced.
+    """
+
+    seq: int
+    message: ChatMessage
+    compacted: bool
+    at: str

@@ -1,9 +1,9 @@
 """The session store in PostgreSQL, for runtimes on several processes or machines (issue 13).
 
-:class:`PgSessionStore` keeps what :class:`~actors.stores.sqlite.SessionStore` keeps (baselines stored
-once, messages never deleted, ``parent`` per child, counters) in tables named ``loopd_*`` of
+:class:`PgSessionStore` keeps what :class:`~actors.stores.sqlite.SessionStore` keeps (baselines
+stored once, messages never deleted, ``parent`` per child, counters) in tables named ``loopd_*`` of
 the database at ``[store] url``, through psycopg 3, and answers the same calls with the same
-errors, so the :class:`~actors.stores.sqlite.StoreActor` drives either one.
+errors, so the :class:`~actors.services.store.StoreActor` drives either one.
 
 Durability: every transaction is committed before a call returns, with the server's
 ``synchronous_commit`` (on by default), so "appended" means on the server's disk.
@@ -15,7 +15,7 @@ ends. A process that dies loses its connection, so its locks go with it. Another
 asks for a session whose lock is taken is refused with :class:`SessionHeldElsewhere`.
 
 A lost connection (the server stopped, restarted or unreachable) fails the request at hand with
-a :class:`~actors.stores.sqlite.StoreError`; the next request connects again (within
+a :class:`~actors.stores.base.StoreError`; the next request connects again (within
 ``connect_timeout_s``) and takes back the locks this store held.
 """
 
@@ -35,16 +35,16 @@ import msgspec
 import psycopg  # the loopd[postgres] extra; open_store explains a missing one
 
 from actors.core.text import redact
-from actors.stores.memory import DEFAULT_MAX_CHARS, DEFAULT_MAX_ENTRY_CHARS, MemoryFailure
-from actors.stores.sqlite import (
+from actors.stores.base import (
     SessionExists,
     SessionInfo,
     SessionNotFound,
     SessionTaken,
     StoredMessage,
     StoreError,
-    baseline_hash,
 )
+from actors.stores.memory import DEFAULT_MAX_CHARS, DEFAULT_MAX_ENTRY_CHARS, MemoryFailure
+from actors.stores.sqlite import baseline_hash
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
@@ -134,7 +134,7 @@ def _now() -> str:
 
 
 class PgSessionStore:
-    """Sessions in PostgreSQL: the same calls and errors as :class:`~actors.stores.sqlite.SessionStore`.
+    """Sessions in PostgreSQL: the same calls and errors as the SQLite store's.
 
     One connection, owned by the thread that calls (the store actor's); a lock serialises the
     occasional call from another thread. Ids are only ever SQL parameters.
@@ -250,7 +250,7 @@ class PgSessionStore:
     def run_batch(self, jobs: Sequence[tuple[str, Callable[[Any], _T]]]) -> list[_T | Exception]:
         """Run every job in one transaction, each in a savepoint; results once committed.
 
-        As :meth:`actors.stores.sqlite.SessionStore.run_batch`: a job that fails is rolled back alone;
+        As the SQLite store's ``run_batch``: a job that fails is rolled back alone;
         if the transaction itself fails every job runs again alone, so each gets the answer it
         would have had by itself (a server that is gone answers each with a StoreError).
         """
@@ -386,7 +386,7 @@ class PgSessionStore:
         more: Sequence[ChatMessage] = (),
         next_call_id: int = 1,
     ) -> tuple[SessionRecord, bool]:
-        """As :meth:`actors.stores.sqlite.SessionStore.create_child_in`: a record some other way made
+        """As the SQLite store's ``create_child_in``: a record some other way made
         raises :class:`SessionTaken`; a new child holds ``first`` and ``more``, and one turn."""
         check_session_id(id)
         self._take(cur, id)
@@ -810,10 +810,11 @@ class PgMemory:
 
 class PgSchedulerState:
     """The scheduler's state in the shared store (a
-    :class:`~actors.services.scheduler.SchedulerStateStore`): one row per job in ``loopd_scheduler``.
+        :class:`~actors.services.scheduler.SchedulerStateStore`): one row per job in
+    ``loopd_scheduler``.
 
-    Each call opens its own short connection: the scheduler loads once and saves once per run,
-    so none is kept open between runs.
+        Each call opens its own short connection: the scheduler loads once and saves once per run,
+        so none is kept open between runs.
     """
 
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0) -> None:

@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 from urllib.parse import quote
 
-from actors.stores.sqlite import SCHEMA_VERSION, SessionStore, StoreError
+from actors.stores.base import StoreError
+from actors.stores.sqlite import SCHEMA_VERSION, SessionStore
 
 __all__ = ["StoreReader"]
 
@@ -21,9 +22,9 @@ _BUSY_TIMEOUT_MS = 5000
 class StoreReader(SessionStore):
     """A :class:`~actors.stores.sqlite.SessionStore` opened read-only: its reading methods work (
     ``open``, ``history``, ``children``, ``list_sessions``), a write fails with
-    :class:`~actors.stores.sqlite.StoreError`.
+    :class:`~actors.stores.base.StoreError`.
 
-    Raises :class:`~actors.stores.sqlite.StoreError` if ``path`` is not a regular file or not a loopd
+    Raises :class:`~actors.stores.base.StoreError` if ``path`` is not a regular file or not a loopd
     store of this schema version.
     """
 

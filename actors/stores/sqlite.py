@@ -1,18 +1,11 @@
 """The session store: every session's baseline, transcript and counters, in one SQLite file.
 
-:class:`SessionStore` is a plain class over stdlib ``sqlite3``; :class:`StoreActor` owns one and
-answers the protocol's store requests (:class:`~messages.OpenSession`,
-:class:`~messages.CreateChild`, :class:`~messages.AppendMessages`,
-:class:`~messages.CompactHistory`) with reply messages.
+:class:`SessionStore` is a plain class over stdlib ``sqlite3``; the store actor
+(:class:`~actors.services.store.StoreActor`) owns one and does all of its disk work.
 
 Durability: the database runs in WAL mode with ``synchronous=FULL``, so every commit is on disk
 when the call returns. A session actor sends its next model request only after the store has
 answered ``Appended``, so a crash loses at most the request in flight (SPEC 7).
-
-Group commit: the actor takes every store request waiting in its inbox and writes them in one
-transaction, each in a savepoint of its own (one that fails is rolled back alone), and answers
-each only after the COMMIT, so an answer still means "on disk". Under load one fsync then
-serves many sessions.
 
 A baseline is stored once, in ``baselines`` keyed by the SHA-256 of its bytes; sessions refer to
 it. A child's record names the ``parent`` whose spawn created it, so a record made any other way
@@ -23,57 +16,38 @@ what a session once said.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import queue
 import re
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-import pykka
 
-from actors.dispatcher.directory import Directory
-from actors.dispatcher.inbox import SimpleInbox
-from actors.stores.base import StoreBackend
+from actors.stores.base import (
+    SessionExists,
+    SessionInfo,
+    SessionNotFound,
+    SessionTaken,
+    StoredMessage,
+    StoreError,
+    StoreFileReplaced,
+)
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import (
-    Appended,
-    AppendMessages,
-    CompactHistory,
-    CreateChild,
-    OpenSession,
-    ReleaseSession,
-    SessionLoaded,
     SessionRecord,
-    StoreFailed,
 )
 
-__all__ = [
-    "DB_NAME",
-    "SCHEMA_VERSION",
-    "Exists",
-    "SessionExists",
-    "SessionInfo",
-    "SessionNotFound",
-    "SessionStore",
-    "SessionTaken",
-    "StoreActor",
-    "StoreError",
-    "StoreFileReplaced",
-    "StoredMessage",
-    "baseline_hash",
-]
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "SessionStore", "baseline_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -119,104 +93,6 @@ CREATE TABLE messages (
     at        TEXT NOT NULL,
     PRIMARY KEY (session, seq)
 )"""
-
-
-class StoreError(Exception):
-    """A store operation failed; the message names the session (when there is one) and why.
-
-    ``session`` is the session concerned (or None for the store as a whole) and ``detail`` what
-    went wrong.
-    """
-
-    held_elsewhere = False
-    """True for a session another process runs (a shared store's per-session lock)."""
-
-    def __init__(self, session: str | None, detail: str) -> None:
-        # Both go into args so the exception pickles and copies with the same text.
-        super().__init__(session, detail)
-        self.session = session
-        self.detail = detail
-
-    def __str__(self) -> str:
-        if self.session is None:
-            return self.detail
-        return f"session {self.session!r}: {self.detail}"
-
-
-class SessionExists(StoreError):
-    """``create`` was asked for a session id that is already stored."""
-
-    def __init__(self, session: str, detail: str = "already exists") -> None:
-        super().__init__(session, detail)
-
-
-Exists = SessionExists
-"""SPEC 7's name for the error of ``create`` on a known id."""
-
-
-class SessionNotFound(StoreError):
-    """The session id is not stored."""
-
-    def __init__(self, session: str, detail: str = "is not stored") -> None:
-        super().__init__(session, detail)
-
-
-class SessionTaken(StoreError):
-    """A child's id holds a record that its parent's spawn did not create.
-
-    Such a record (a top-level session on a child-shaped id, or a child of another parent) is
-    never opened as the child: the spawn fails and nothing of the record is used.
-    """
-
-    def __init__(self, session: str, parent: str) -> None:
-        super().__init__(
-            session,
-            f"the id is taken: its stored record was not created by a spawn of {parent!r}, and "
-            "a child is opened only by its parent (see docs/runbook.md#child-id-taken)",
-        )
-
-
-class StoreFileReplaced(StoreError):
-    """The store's file was removed or replaced while the store had it open.
-
-    Writing on would go to a file nobody can open again, so every later request fails with this.
-    """
-
-    def __init__(self, path: Path, detail: str) -> None:
-        super().__init__(
-            None,
-            f"the store file {path} was removed or replaced while the runtime ran ({detail}); "
-            "nothing more is written to it (see docs/runbook.md#store-file-replaced)",
-        )
-
-
-class SessionInfo(msgspec.Struct, frozen=True):
-    """One line of :meth:`SessionStore.list_sessions`: a session's counters, not its messages.
-
-    ``messages`` counts every stored message of the session, compacted ones included.
-    """
-
-    id: str
-    slot: int
-    turns: int
-    untrusted: bool
-    messages: int
-    created_at: str
-    updated_at: str
-    parent: str | None = None
-    agent: str = "default"
-
-
-class StoredMessage(msgspec.Struct, frozen=True):
-    """One stored message of :meth:`SessionStore.history`, with its sequence number and time.
-
-    ``compacted`` is True for a message that a compaction summary has replaced.
-    """
-
-    seq: int
-    message: ChatMessage
-    compacted: bool
-    at: str
 
 
 _last_now: tuple[int, str] = (-1, "")
@@ -916,195 +792,3 @@ class SessionStore:
             return _MESSAGE.decode(body)
         except (msgspec.DecodeError, TypeError) as exc:
             raise StoreError(id, f"cannot read stored message seq {seq}: {exc}") from exc
-
-
-StoreRequest = OpenSession | CreateChild | AppendMessages | CompactHistory
-"""What the store actor answers."""
-
-_REQUESTS = (OpenSession, CreateChild, AppendMessages, CompactHistory)
-
-
-class _Inbox(SimpleInbox):
-    """The store actor's inbox: a :class:`~actors.dispatcher.inbox.SimpleInbox` that hands over the run
-    of store requests at its head, for the actor to write in one transaction."""
-
-    __slots__ = ()
-
-    def take_requests(self, limit: int) -> list[StoreRequest]:
-        """Remove and return the store requests (plain tells) at the head, up to ``limit``.
-
-        It stops at the first envelope that is anything else (an ask, a stop, another message),
-        which stays first, so every message still reaches the actor in the order it was sent.
-        """
-        taken: list[StoreRequest] = []
-        while len(taken) < limit and not self._held:
-            try:
-                envelope = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if envelope.reply_to is not None or not isinstance(envelope.message, _REQUESTS):
-                self._held.append(envelope)
-                break
-            taken.append(envelope.message)
-        return taken
-
-
-class StoreActor(pykka.ThreadingActor):
-    """The actor that owns the :class:`SessionStore` and does all of its (blocking) disk work.
-
-    It answers each request at the request's ``reply_to`` address in ``directory``:
-    ``OpenSession`` and ``CreateChild`` with ``SessionLoaded`` or ``StoreFailed``
-    (``exists=True`` for a ``create_only`` open of a stored id, ``taken=True`` for a child id
-    whose record the parent did not create), ``AppendMessages`` and ``CompactHistory`` with
-    ``Appended`` or ``StoreFailed`` carrying the ``request_id``. Every request is answered, so
-    no waiter hangs: any error becomes ``StoreFailed`` and the actor keeps serving. Whoever
-    starts it registers its ref at :data:`~actors.dispatcher.directory.STORE`.
-
-    Group commit: on each request it also takes the store requests waiting right behind it in
-    its inbox (up to ``max_batch``) and writes them all in one transaction; every answer goes
-    out after the COMMIT. ``max_batch = 1`` writes one request per transaction.
-    """
-
-    max_batch: int = 256
-    """Most requests written in one transaction; 1 turns group commit off."""
-
-    @staticmethod
-    def _create_actor_inbox() -> _Inbox:
-        return _Inbox()
-
-    def __init__(
-        self,
-        path: str | Path | Callable[[], StoreBackend],
-        directory: Directory,
-        lend_thread: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
-    ) -> None:
-        """``path`` is the database file (``<home>/loopd.db``), or a function that opens
-        another backend (PostgreSQL); ``directory`` finds replies. ``lend_thread`` (the
-        sessions' dispatcher's ``lend``) is entered around a batch's answers when no request
-        waits: the first requester handles its answer on this thread, between two batches,
-        instead of a dispatcher thread being woken for it."""
-        super().__init__()
-        self.lend_thread = lend_thread
-        if callable(path):
-            self.opener: Callable[[], StoreBackend] = path
-            self.path = Path()
-        else:
-            self.path = Path(path)
-            self.opener = lambda: SessionStore(self.path)
-        self.directory = directory
-        self.store: StoreBackend | None = None
-        self.open_error: str | None = None
-
-    def on_start(self) -> None:
-        """Open the store on the actor's own thread, which then owns its connection."""
-        try:
-            self.store = self.opener()
-        except Exception as exc:
-            # Stay up and answer StoreFailed: a dead actor would leave every requester hanging.
-            self.open_error = str(exc)
-            log.error("store actor could not open its store: %s", exc)
-
-    def on_stop(self) -> None:
-        """Close the store; every committed request is already durable."""
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-
-    def on_receive(self, message: Any) -> Any:
-        """Handle a store request, and those waiting behind it, and tell each its answer."""
-        if isinstance(message, ReleaseSession):
-            if self.store is not None:
-                self.store.release(message.session)
-            return None
-        if not isinstance(message, _REQUESTS):
-            log.warning("store actor ignores unknown message %s", type(message).__name__)
-            return None
-        batch: list[StoreRequest] = [message]
-        inbox = self.actor_inbox
-        if self.max_batch > 1 and isinstance(inbox, _Inbox):
-            batch += inbox.take_requests(self.max_batch - 1)
-        answers = self._answers(batch)
-        # With nothing waiting, the first requester handles its answer on this thread; with
-        # more requests waiting, the store gets on with them and the dispatcher with that.
-        lend = self.lend_thread if inbox.empty() else contextlib.nullcontext
-        with lend():
-            for request, reply in zip(batch, answers, strict=True):
-                if not self.directory.tell(request.reply_to, reply):
-                    log.debug("store reply to %s was not delivered", request.reply_to)
-        return None
-
-    def _answers(self, batch: list[StoreRequest]) -> list[Any]:
-        if self.store is None:
-            error = StoreError(None, self.open_error or "the store is closed")
-            return [self._reply(r, error) for r in batch]
-        store = self.store
-        jobs = [(r.session, self._job(store, r)) for r in batch]
-        return [
-            self._reply(r, result) for r, result in zip(batch, store.run_batch(jobs), strict=True)
-        ]
-
-    @staticmethod
-    def _job(store: StoreBackend, msg: StoreRequest) -> Callable[[Any], Any]:
-        """The work of ``msg`` inside a transaction; returns what :meth:`_reply` answers."""
-        if isinstance(msg, AppendMessages):
-            return lambda cur: store.append_in(
-                cur,
-                msg.session,
-                msg.messages,
-                turns=msg.turns,
-                next_call_id=msg.next_call_id,
-                untrusted=msg.untrusted,
-            )
-        if isinstance(msg, CompactHistory):
-            return lambda cur: store.compact_in(cur, msg.session, msg.summary)
-        if isinstance(msg, CreateChild):
-            return lambda cur: store.create_child_in(
-                cur,
-                msg.session,
-                msg.parent,
-                msg.baseline,
-                msg.slot,
-                untrusted=msg.untrusted,
-                first=msg.first,
-                agent=msg.agent,
-                more=msg.more,
-                next_call_id=msg.next_call_id,
-            )
-        baseline = msg.baseline
-        if baseline is None:
-            return lambda cur: (store.open_in(cur, msg.session), False)
-        if msg.create_only:
-            return lambda cur: (
-                store.create_in(cur, msg.session, baseline, msg.slot, agent=msg.agent),
-                True,
-            )
-        return lambda cur: store.open_or_create_in(
-            cur, msg.session, baseline, msg.slot, agent=msg.agent
-        )
-
-    def _reply(self, msg: StoreRequest, result: Any) -> Any:
-        rid = msg.request_id
-        if isinstance(result, Exception):
-            failed = self._failed(msg.session, result, rid)
-            if isinstance(msg, OpenSession | CreateChild):
-                failed = msgspec.structs.replace(
-                    failed,
-                    exists=isinstance(result, SessionExists),
-                    missing=isinstance(result, SessionNotFound),
-                    taken=isinstance(result, SessionTaken),
-                    held_elsewhere=isinstance(result, StoreError) and result.held_elsewhere,
-                )
-            return failed
-        if isinstance(msg, OpenSession | CreateChild):
-            record, created = result
-            return SessionLoaded(record, created, rid)
-        return Appended(msg.session, rid)
-
-    @staticmethod
-    def _failed(session: str, exc: Exception, request_id: int) -> StoreFailed:
-        if isinstance(exc, StoreError):
-            log.info("store request failed: %s", exc)
-        else:
-            # Not a store condition we expected: keep the traceback for the operator.
-            log.error("store request for session %r failed", session, exc_info=exc)
-        return StoreFailed(session, str(exc), request_id=request_id)

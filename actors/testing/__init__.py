@@ -7,6 +7,8 @@
 - :class:`Terminated`: what a probe that ``watch``\\ es an actor receives when it stops.
 - The pytest plugin (installed with loopd) gives the fixtures ``loopd_runtime``,
   ``chat_server`` and ``probe``, and the ``--loopd-no-real-model`` switch.
+
+Imports: ``actors.runtime`` and everything below it.
 """
 
 from actors.testing.chat_server import ChatServer

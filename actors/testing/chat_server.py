@@ -22,9 +22,11 @@ llama.cpp's ``GET /props``.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import select
+import signal
 import socket
 import sys
 import threading
@@ -37,6 +39,7 @@ from typing import Any
 
 from actors.models.offline import allow_fake_server
 from actors.testing.script import Answer, RawResponse, ScriptBook
+from actors.testing.script_file import load_script
 
 __all__ = [
     "ChatServer",
@@ -584,7 +587,39 @@ class ChatServer:
         )
 
 
-if __name__ == "__main__":  # python -m actors.testing.chat_server --script FILE
-    from actors.testing.script_file import main
+def main(argv: list[str] | None = None) -> int:
+    """Serve a script until SIGINT or SIGTERM; exit 2 for a bad script or port."""
+    parser = argparse.ArgumentParser(
+        prog="python -m actors.testing.chat_server",
+        description="A fake OpenAI-compatible chat-completions server on 127.0.0.1.",
+    )
+    parser.add_argument("--script", required=True, help="a JSON file of answers, used in order")
+    parser.add_argument("--port", type=int, default=0, help="the port (default: a free one)")
+    args = parser.parse_args(argv)
+    try:
+        answers = load_script(args.script)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    server = ChatServer(answers)
+    try:
+        server.start(args.port)
+    except OSError as exc:
+        print(f"error: cannot listen on port {args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"serving {server.base_url} ({len(answers)} answers)", flush=True)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+    print(f"stopped after {len(server.requests)} request(s)", flush=True)
+    for error in server.errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 0
 
+
+if __name__ == "__main__":  # python -m actors.testing.chat_server --script FILE
     sys.exit(main())

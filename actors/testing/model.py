@@ -7,7 +7,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from actors.models.http import ModelFailure
+from actors.models.base import ModelFailure
 from actors.testing.script import Answer, ScriptBook
 from messages import ModelAnswer, ModelRequest, Usage
 

@@ -16,11 +16,7 @@ with that text (it ends the turn); an object has ``content`` and/or ``tool_calls
 
 from __future__ import annotations
 
-import argparse
 import json
-import signal
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +25,7 @@ import msgspec
 from actors.testing.script import Answer, reply
 from messages import ProposedCall
 
-__all__ = ["load_script", "main"]
+__all__ = ["load_script"]
 
 
 class _Call(msgspec.Struct, forbid_unknown_fields=True):
@@ -67,39 +63,3 @@ def load_script(path: str | Path) -> list[Answer]:
         )
         answers.append(Answer(content=item.content, tool_calls=calls))
     return answers
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve a script until SIGINT or SIGTERM; exit 2 for a bad script or port."""
-    from actors.testing.chat_server import ChatServer
-
-    parser = argparse.ArgumentParser(
-        prog="python -m actors.testing.chat_server",
-        description="A fake OpenAI-compatible chat-completions server on 127.0.0.1.",
-    )
-    parser.add_argument("--script", required=True, help="a JSON file of answers, used in order")
-    parser.add_argument("--port", type=int, default=0, help="the port (default: a free one)")
-    args = parser.parse_args(argv)
-    try:
-        answers = load_script(args.script)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    server = ChatServer(answers)
-    try:
-        server.start(args.port)
-    except OSError as exc:
-        print(f"error: cannot listen on port {args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"serving {server.base_url} ({len(answers)} answers)", flush=True)
-    try:
-        stop.wait()
-    finally:
-        server.stop()
-    print(f"stopped after {len(server.requests)} request(s)", flush=True)
-    for error in server.errors:
-        print(f"error: {error}", file=sys.stderr)
-    return 0

@@ -1,0 +1,8 @@
+"""Port tools: the external tools a runtime is given, and what a tool sees of its call.
+
+``tool`` (:class:`PortTool` and the pool's job handlers for it), ``context`` (:class:`ToolContext`
+and the ticket a call travels with), ``typed`` (``@port_tool`` on typed functions) and ``loader``
+(``--tools module:NAME``). The worker actors that run them are in ``actors.services.pool``.
+
+Imports: ``core`` and ``messages``; never an actor plane.
+"""

@@ -1,12 +1,15 @@
-"""ToolContext: what a port tool may know about the call it runs."""
+"""What a port tool may know about the call it runs (:class:`ToolContext`), and the ticket a
+call travels with through the port pool (:class:`Ticket`: its deadline and cancel signal)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["ToolContext"]
+__all__ = ["Ticket", "ToolContext"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +43,25 @@ class ToolContext:
     def remaining(self) -> float | None:
         """Seconds left before the deadline (never negative), or None without one."""
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass
+class Ticket:
+    """One job on its way through the pool."""
+
+    job: Any
+    key: Hashable
+    deadline: float | None = None
+    """``time.monotonic()`` by which the job should be done, or None."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set when nobody waits for the job's result any more: the job should stop."""
+    _answered: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self) -> bool:
+        """True for the first caller only: that one answers the job."""
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+            return True

@@ -7,11 +7,10 @@ import logging
 import typing
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 from actors.core.dispatch import ArgumentError, parse_json_object
-from actors.services.pool import Ticket
-from actors.tools.context import ToolContext
+from actors.tools.context import Ticket, ToolContext
 from messages import DataClass, DenyReason, PortCall, ToolDone, ToolResult, ToolSpec, denial_message
 
 __all__ = [
@@ -22,7 +21,6 @@ __all__ = [
     "port_error",
     "port_handler",
     "port_timeout",
-    "port_tool",
 ]
 
 log = logging.getLogger(__name__)
@@ -101,62 +99,6 @@ class PortTool:
         if isinstance(out, ToolOutput):
             return ToolResult(call_id, text, out.data_class, out.untrusted or self.untrusted)
         return ToolResult(call_id, text, self.data_class, self.untrusted)
-
-
-@overload
-def port_tool(name: Callable[..., Any], /) -> PortTool: ...
-@overload
-def port_tool(
-    name: str | None = None,
-    description: str | None = None,
-    parameters: dict[str, Any] | None = None,
-    *,
-    data_class: DataClass = DataClass.PUBLIC,
-    untrusted: bool = False,
-) -> Callable[[Callable[..., Any]], PortTool]: ...
-
-
-def port_tool(
-    name: str | Callable[..., Any] | None = None,
-    description: str | None = None,
-    parameters: dict[str, Any] | None = None,
-    *,
-    data_class: DataClass = DataClass.PUBLIC,
-    untrusted: bool = False,
-) -> PortTool | Callable[[Callable[..., Any]], PortTool]:
-    """Decorate a function as a :class:`PortTool`.
-
-    A typed function, with ``@port_tool`` or ``@port_tool(name=..., untrusted=...)``: the schema
-    comes from its type hints and docstring, and arguments are checked before it runs (see
-    :mod:`actors.tools.typed`)::
-
-        @port_tool
-        def forecast(city: str, days: int = 1) -> str:
-            \"\"\"The weather forecast for a city.\"\"\"
-
-    A function of one parameter, the arguments dict (unannotated or annotated ``dict``), or
-    any function given a hand-written schema (``parameters``)::
-
-        @port_tool("hostname", "This machine's host name.")
-        def hostname(args): return socket.gethostname()
-    """
-    if callable(name):  # bare @port_tool on a typed function
-        from actors.tools.typed import typed_tool
-
-        return typed_tool(name)
-
-    def wrap(fn: Callable[..., Any]) -> PortTool:
-        from actors.tools.typed import takes_arguments_dict, typed_tool
-
-        if parameters is None and not takes_arguments_dict(fn):
-            return typed_tool(
-                fn, name=name, description=description, data_class=data_class, untrusted=untrusted
-            )
-        schema = parameters or {"type": "object", "properties": {}}
-        spec = ToolSpec(name or fn.__name__, description or "", schema)
-        return PortTool(spec, fn, data_class, untrusted)
-
-    return wrap
 
 
 def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall, Ticket], ToolDone]:

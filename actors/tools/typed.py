@@ -29,7 +29,7 @@ import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, overload
 
 import msgspec
 
@@ -43,6 +43,7 @@ __all__ = [
     "TypedTool",
     "argument_error",
     "docstring_parts",
+    "port_tool",
     "shape_of",
     "takes_arguments_dict",
     "typed_tool",
@@ -309,3 +310,58 @@ def typed_tool(
     """``fn`` as a port tool whose schema comes from its hints and docstring."""
     shape = shape_of(fn, name, description)
     return TypedTool(spec_of(shape), fn, data_class, untrusted, shape)
+
+
+@overload
+def port_tool(name: Callable[..., Any], /) -> PortTool: ...
+
+
+@overload
+def port_tool(
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    *,
+    data_class: DataClass = DataClass.PUBLIC,
+    untrusted: bool = False,
+) -> Callable[[Callable[..., Any]], PortTool]: ...
+
+
+def port_tool(
+    name: str | Callable[..., Any] | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    *,
+    data_class: DataClass = DataClass.PUBLIC,
+    untrusted: bool = False,
+) -> PortTool | Callable[[Callable[..., Any]], PortTool]:
+    """Decorate a function as a :class:`PortTool`.
+
+    A typed function, with ``@port_tool`` or ``@port_tool(name=..., untrusted=...)``: the schema
+    comes from its type hints and docstring, and arguments are checked before it runs (see
+    :mod:`actors.tools.typed`)::
+
+        @port_tool
+        def forecast(city: str, days: int = 1) -> str:
+            \"\"\"The weather forecast for a city.\"\"\"
+
+    A function of one parameter, the arguments dict (unannotated or annotated ``dict``), or
+    any function given a hand-written schema (``parameters``)::
+
+        @port_tool("hostname", "This machine's host name.")
+        def hostname(args): return socket.gethostname()
+    """
+    if callable(name):  # bare @port_tool on a typed function
+        return typed_tool(name)
+
+    def wrap(fn: Callable[..., Any]) -> PortTool:
+
+        if parameters is None and not takes_arguments_dict(fn):
+            return typed_tool(
+                fn, name=name, description=description, data_class=data_class, untrusted=untrusted
+            )
+        schema = parameters or {"type": "object", "properties": {}}
+        spec = ToolSpec(name or fn.__name__, description or "", schema)
+        return PortTool(spec, fn, data_class, untrusted)
+
+    return wrap

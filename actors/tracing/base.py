@@ -6,13 +6,12 @@ Trace context crosses actors only as plain data: a ``trace`` dict of text (W3C
 ``traceparent``) in :class:`~messages.StartTurn`, :class:`~messages.SubagentRequest` and
 :class:`~messages.RunTurn`.
 
-This module imports nothing of OpenTelemetry: :func:`default_tracer` loads
+This module imports nothing of OpenTelemetry: the runtime's ``default_tracer`` loads
 :mod:`actors.tracing.otel` only when the ``opentelemetry`` package is installed (``loopd[otel]``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING, Protocol
 
 from messages import TurnEvent
@@ -20,7 +19,7 @@ from messages import TurnEvent
 if TYPE_CHECKING:
     from actors.core.config import Config
 
-__all__ = ["NoTracer", "Trace", "Tracer", "default_tracer"]
+__all__ = ["NoTracer", "Trace", "Tracer"]
 
 Trace = dict[str, str]
 """Trace context as plain data: propagation headers such as ``traceparent``."""
@@ -59,15 +58,3 @@ class NoTracer:
     def call_trace(self, session: str, call_id: int) -> Trace | None:
         """No context."""
         return None
-
-
-def default_tracer() -> Tracer:
-    """OpenTelemetry's tracer (:class:`actors.tracing.otel.OtelTracer`, on the global tracer provider)
-    when ``opentelemetry-api`` is installed; otherwise :class:`NoTracer`, importing nothing."""
-    if importlib.util.find_spec("opentelemetry") is None:  # looks, imports nothing
-        return NoTracer()
-    if importlib.util.find_spec("opentelemetry.trace") is None:  # another opentelemetry part
-        return NoTracer()
-    from actors.tracing.otel import OtelTracer
-
-    return OtelTracer()

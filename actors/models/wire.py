@@ -1,0 +1,328 @@
+"""The chat-completions wire format, sans I/O: request bodies out, answers and errors in.
+
+:func:`request_body` turns a :class:`~messages.ModelRequest` into the wire body (with llama.cpp's
+``id_slot`` and ``cache_prompt``), :func:`parse_answer` turns the server's answer back into a
+:class:`~messages.ModelAnswer`, and :func:`http_failure` reads an error answer. Plain functions of
+bytes and Structs: the HTTP transport is :mod:`actors.models.http`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from actors.core.dispatch import is_json_object
+from actors.models.base import ModelFailure
+from messages import (
+    ChatMessage,
+    ModelAnswer,
+    ModelRequest,
+    ProposedCall,
+    RequestOptions,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+__all__ = [
+    "answer_too_large",
+    "encode_body",
+    "error_detail",
+    "error_fields",
+    "http_failure",
+    "names_request_fault",
+    "parse_answer",
+    "parse_usage",
+    "request_body",
+]
+
+
+# How much of a server's error message goes into the failure message: enough for any real one.
+_ERROR_MESSAGE_CHARS = 1000
+
+
+# Error types (the ``error.type`` of an error body) that name a fault of the request itself,
+# so the same request fails the same way again: no retry, whatever the status.
+_DETERMINISTIC_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "not_supported_error",
+        "exceed_context_size_error",
+        "BadRequestError",  # vLLM's name for a 400
+    }
+)
+
+
+_CONTEXT_EXCEEDED_TYPE = "exceed_context_size_error"
+
+
+def _call_id(number: int) -> str:
+    return f"call_{number}"
+
+
+def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
+    # The text goes back exactly as stored, so the prompt prefix is unchanged; only a stored
+    # text a server cannot parse (written before raw_arguments existed) is sent as {}: servers
+    # refuse a whole request over one such call, which would stick the session for good.
+    arguments = call.arguments if is_json_object(call.arguments) else "{}"
+    return {
+        "id": _call_id(call.id),
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
+
+
+def _wire_message(message: ChatMessage) -> dict[str, Any]:
+    if message.role == "assistant":
+        wire: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if message.tool_calls:
+            wire["tool_calls"] = [_wire_tool_call(call) for call in message.tool_calls]
+        return wire
+    if message.role == "tool":
+        if message.tool_call_id is None:
+            raise ValueError("a tool message has no tool_call_id")
+        return {
+            "role": "tool",
+            "tool_call_id": _call_id(message.tool_call_id),
+            "content": message.content or "",
+        }
+    # system and user: servers refuse a null content here, so an absent one is sent as "".
+    wire = {"role": message.role, "content": message.content or ""}
+    if message.name is not None:
+        wire["name"] = message.name
+    return wire
+
+
+def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
+def request_body(
+    model_name: str, request: ModelRequest, *, max_tokens: int | None = None
+) -> dict[str, Any]:
+    """The chat-completions body of ``request``, as a JSON-ready dict.
+
+    ``request.messages`` already starts with the system message. Tool calls and results use the
+    standard ``tool_calls`` / ``role: "tool"`` shapes with ids ``call_<n>``; ``tools`` is left out
+    when there are none; ``max_tokens``, when given, bounds the answer (``model.max_tokens``);
+    the profile's ``request.options`` then set ``model`` and the sampling fields (its own
+    ``max_tokens`` included) and merge ``extra_body``; ``id_slot`` is the request's slot and
+    ``cache_prompt`` is true so llama.cpp reuses the slot's cached prefix, unless the backend is
+    ``openai``, which gets the plain chat-completions request. Tool-call arguments that are not
+    a JSON object go as ``{}``. A function of its arguments only: nothing
+    time-varying goes in. Raises ``ValueError`` for a tool message without ``tool_call_id``.
+    """
+    body: dict[str, Any] = {
+        "model": model_name,
+        "messages": [_wire_message(message) for message in request.messages],
+    }
+    if request.tools:
+        body["tools"] = [_wire_tool(tool) for tool in request.tools]
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    _add_options(body, request.options)
+    if request.options.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if request.options.backend != "openai":
+        body["id_slot"] = request.slot
+        body["cache_prompt"] = True
+    return body
+
+
+def _add_options(body: dict[str, Any], options: RequestOptions) -> None:
+    """The request fields of the session's agent profile: ``model`` replaced, each sampling
+    field that is set, then ``extra_body`` merged in (config refuses the keys loopd sets)."""
+    if options.model is not None:
+        body["model"] = options.model
+    for key in ("temperature", "top_p", "max_tokens", "seed"):
+        value = getattr(options, key)
+        if value is not None:
+            body[key] = value
+    if options.stop is not None:
+        body["stop"] = list(options.stop)
+    body.update(options.extra_body)
+
+
+def encode_body(model_name: str, request: ModelRequest, *, max_tokens: int | None = None) -> bytes:
+    """:func:`request_body` as the exact bytes sent: compact JSON with sorted object keys.
+
+    Sorting makes equal requests encode to equal bytes even when a tool's ``parameters`` dict
+    was built in another key order (after a restart, say), so the server's prompt cache of a
+    session's prefix stays valid. Raises ``ValueError`` if the request cannot be encoded.
+    """
+    body = request_body(model_name, request, max_tokens=max_tokens)
+    try:
+        return msgspec.json.encode(body, order="deterministic")
+    except (msgspec.EncodeError, TypeError) as exc:
+        raise ValueError(f"the request cannot be encoded as JSON: {exc}") from exc
+
+
+def _arguments_text(arguments: object) -> str:
+    if isinstance(arguments, str):
+        # Kept as is, even if it is not valid JSON: the dispatcher denies it with a reason the
+        # model can read, which is better than failing the whole request here.
+        return arguments
+    if arguments is None:
+        # Some servers omit the arguments of a tool that takes none.
+        return "{}"
+    # Some servers send an object instead of JSON text; make it the text it stands for.
+    return msgspec.json.encode(arguments).decode()
+
+
+def _proposed_call(index: int, item: object) -> ProposedCall:
+    if not isinstance(item, dict):
+        raise ModelFailure(f"the model's answer has a tool call #{index} that is not an object")
+    function = item.get("function")
+    if not isinstance(function, dict):
+        raise ModelFailure(f"the model's answer has a tool call #{index} without a function")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise ModelFailure(f"the model's answer has a tool call #{index} without a function name")
+    return ProposedCall(name=name, arguments=_arguments_text(function.get("arguments")))
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def parse_usage(data: Mapping[str, Any]) -> Usage:
+    """The ``usage`` of a chat-completions response as a :class:`Usage` of one request.
+
+    ``cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``, or llama.cpp's
+    ``timings.cache_n`` when that is absent. Missing or malformed counts are zero; no ``usage``
+    at all is ``Usage()``, all zeros (``requests`` too).
+    """
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return Usage()
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    timings = data.get("timings")
+    if not cached and isinstance(timings, dict):
+        cached = _count(timings.get("cache_n"))
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=cached,
+        requests=1,
+    )
+
+
+def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
+    """Parse a chat-completions response body into the answer to request ``request_id``.
+
+    Takes ``choices[0].message``: its ``content`` (may be null) and its ``tool_calls``, whose
+    ``function.arguments`` text is kept exactly as sent (an object is encoded to compact JSON);
+    ``choices[0].finish_reason == "length"`` marks it truncated; ``usage`` is read with
+    :func:`parse_usage`. Raises :class:`ModelFailure` naming what is wrong when the body is not
+    such a response.
+    """
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ModelFailure(f"the model's answer is not valid JSON: {exc}") from exc
+    except RecursionError:  # msgspec's depth limit: a hostile or broken server, not a bug
+        raise ModelFailure("the model's answer is nested too deeply to be read") from None
+    if not isinstance(data, dict):
+        raise ModelFailure("the model's answer is not a JSON object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise ModelFailure("the model's answer has no choices")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise ModelFailure("the model's answer has a choice without a message")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ModelFailure("the model's answer has a content that is not text")
+    raw_calls = message.get("tool_calls")
+    if raw_calls is None:
+        raw_calls = []
+    if not isinstance(raw_calls, list):
+        raise ModelFailure("the model's answer has tool_calls that are not a list")
+    calls = tuple(_proposed_call(index, item) for index, item in enumerate(raw_calls, start=1))
+    return ModelAnswer(
+        session=session,
+        request_id=request_id,
+        content=content,
+        tool_calls=calls,
+        usage=parse_usage(data),
+        truncated=choice.get("finish_reason") == "length",
+    )
+
+
+def error_fields(body: bytes) -> tuple[str, str | None, int | None]:
+    """The ``(message, type, n_ctx)`` of an error body; the body's text when it is not JSON.
+
+    Reads llama.cpp's and OpenAI's ``{"error": {"message", "type"}}``, vLLM's top-level
+    ``message``/``type`` and Ollama's ``{"error": "<text>"}``.
+    """
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return text, None, None
+    if not isinstance(data, dict):
+        return text, None, None
+    error = data.get("error")
+    if isinstance(error, str):
+        return error, None, None
+    fields = error if isinstance(error, dict) else data
+    message = fields.get("message")
+    kind = fields.get("type")
+    n_ctx = _count(fields.get("n_ctx")) or None
+    return (
+        message if isinstance(message, str) else text,
+        kind if isinstance(kind, str) else None,
+        n_ctx,
+    )
+
+
+def error_detail(message: str, limit: int = _ERROR_MESSAGE_CHARS) -> str:
+    """``message`` whole when it has at most ``limit`` characters; else cut at the last word
+    boundary before it, saying so: ``... (cut at 1000 of 5230 characters)``."""
+    message = message.strip()
+    if len(message) <= limit:
+        return message
+    head = message[:limit]
+    space = head.rfind(" ")
+    if space > limit // 2:
+        head = head[:space]
+    return f"{head.rstrip()} ... (cut at {len(head.rstrip())} of {len(message)} characters)"
+
+
+def names_request_fault(body: bytes) -> bool:
+    """True when an error body's type names a fault of the request itself
+    (``invalid_request_error``, ``exceed_context_size_error``...): the same request fails again."""
+    return error_fields(body)[1] in _DETERMINISTIC_TYPES
+
+
+def http_failure(url: str, status: int, body: bytes) -> ModelFailure:
+    """The :class:`ModelFailure` of an HTTP error answer: status, error type and the server's
+    message (see :func:`error_detail`), flagged when the prompt exceeded the context."""
+    message, kind, n_ctx = error_fields(body)
+    named = f"HTTP {status} ({kind})" if kind else f"HTTP {status}"
+    exceeded = kind == _CONTEXT_EXCEEDED_TYPE or "exceeds the available context size" in message
+    return ModelFailure(
+        f"the model at {url} answered {named}: {error_detail(message)}",
+        context_exceeded=exceeded,
+        context_tokens=n_ctx,
+    )
+
+
+def answer_too_large(cap: int) -> str:
+    """The failure text of an answer body larger than ``model.max_answer_bytes``."""
+    return f"the model's answer was larger than model.max_answer_bytes ({cap} bytes)"
