@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from actors.stores.memory import FileMemory, MemoryFailure, MemorySource, default_memory
+from actors.stores.memory import (
+    FileMemory,
+    MemoryFailure,
+    MemorySource,
+    default_memory,
+    entry_text,
+)
 
 
 def test_missing_file_is_an_empty_block(tmp_path: Path) -> None:
@@ -139,6 +145,35 @@ def test_remember_is_refused_once_the_file_is_full(tmp_path: Path) -> None:
     with pytest.raises(MemoryFailure, match="memory is full"):
         mem.remember("abcdef")
     assert path.read_text(encoding="utf-8") == "- 0123456789\n"
+
+
+@pytest.mark.parametrize("size", [1001, 5000])  # within the read's byte cap, and past it
+def test_remember_into_a_file_already_past_max_chars_says_so(tmp_path: Path, size: int) -> None:
+    # Past 4003 bytes the refusal used to be "MEMORY.md is larger than 4003 bytes".
+    path = tmp_path / "MEMORY.md"
+    path.write_text("x" * size, encoding="utf-8")
+    mem = FileMemory(path, max_chars=1000)
+    with pytest.raises(MemoryFailure) as info:
+        mem.remember("one more")
+    assert str(info.value) == (
+        "the memory file already holds more than memory.max_chars (1000) characters; new "
+        f"entries would not reach new sessions: an operator must make room in {path}"
+    )
+    assert path.read_text(encoding="utf-8") == "x" * size
+
+
+def test_a_file_exactly_at_max_chars_is_full_not_past_it(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_text("x" * 20, encoding="utf-8")  # no newline at its end: one would be added
+    with pytest.raises(MemoryFailure, match="memory is full: the memory file would have 25 "):
+        FileMemory(path, max_chars=20).remember("a")
+
+
+def test_the_entry_checks_are_one_function() -> None:
+    assert entry_text("  tea,\n  not\tcoffee ", 20) == "tea, not coffee"
+    for line, text in [(" \n ", "empty"), ("x" * 21, "21 characters"), ("a\ud800", "Unicode")]:
+        with pytest.raises(MemoryFailure, match=text):
+            entry_text(line, 20)
 
 
 def test_remember_refuses_text_that_is_not_unicode(tmp_path: Path) -> None:

@@ -145,3 +145,24 @@ def test_an_entry_longer_than_the_cap_is_denied_and_nothing_is_written(
         "memory.max_entry_chars allows 2000: remember something shorter",
     )
     assert not (loopd_config.home_path / "MEMORY.md").exists()
+
+
+def test_remember_into_a_memory_file_past_max_chars_says_why(loopd_runtime, loopd_config) -> None:
+    home = loopd_config.home_path
+    home.mkdir(parents=True)
+    (home / "MEMORY.md").write_text("x" * 5000)  # past the cap, as an operator may leave it
+
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if last.role == "user":
+            return call("remember", text="one more")
+        return reply(last.content or "")
+
+    rt = loopd_runtime(script, memory={"max_chars": 1000})
+    assert rt.run_turn("s", "note it", timeout=WAIT) == TurnCompleted(
+        "s",
+        "Error: could not remember: the memory file already holds more than memory.max_chars "
+        "(1000) characters; new entries would not reach new sessions: an operator must make "
+        f"room in {home / 'MEMORY.md'}",
+    )
+    assert (home / "MEMORY.md").read_text() == "x" * 5000

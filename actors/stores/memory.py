@@ -21,7 +21,9 @@ __all__ = [
     "FileMemory",
     "MemoryFailure",
     "MemorySource",
+    "check_room",
     "default_memory",
+    "entry_text",
     "write_atomically",
 ]
 
@@ -205,38 +207,28 @@ class FileMemory:
         ``max_entry_chars``, not valid Unicode, when the file would pass ``max_chars``, or when
         the file cannot be read or written.
         """
-        text = " ".join(line.split())
-        if not text:
-            raise MemoryFailure("there is nothing to remember: the text is empty")
-        if len(text) > self.max_entry_chars:
-            raise MemoryFailure(
-                f"the entry has {len(text)} characters; memory.max_entry_chars allows "
-                f"{self.max_entry_chars}: remember something shorter"
-            )
-        try:
-            entry = f"- {text}\n".encode()
-        except UnicodeEncodeError:
-            raise MemoryFailure("the entry is not valid Unicode text") from None
+        text = entry_text(line, self.max_entry_chars)
+        entry = f"- {text}\n".encode()  # entry_text made sure it encodes
         with self._lock:
             limit = self.max_chars * _UTF8_MAX + len(_BOM)
             try:
-                old = read_regular_file(self.path, limit)
+                # truncate: a file past the cap is refused below by what it holds, not by size.
+                old = read_regular_file(self.path, limit, truncate=True)
             except FileNotFoundError:
                 old = b""
             except FileRefused as exc:
                 raise MemoryFailure(f"cannot write memory file {self.path}: {exc}") from exc
             except OSError as exc:
                 raise MemoryFailure(f"cannot read memory file {self.path}: {exc}") from exc
+            if len(old) > limit:  # more bytes than max_chars characters can take
+                check_room(self.max_chars + 1, 0, self.max_chars, "the memory file", self.path)
+            used = len(old.removeprefix(_BOM).decode("utf-8", "replace"))
+            adds = len(text) + 3  # "- <text>\n"
             if old and not old.endswith(b"\n"):
                 old += b"\n"
+                adds += 1
+            check_room(used, adds, self.max_chars, "the memory file", self.path)
             new = old + entry
-            chars = len(new.removeprefix(_BOM).decode("utf-8", "replace"))
-            if chars > self.max_chars:
-                raise MemoryFailure(
-                    f"memory is full: the file would have {chars} characters and "
-                    f"memory.max_chars is {self.max_chars}; an operator must make room in "
-                    f"{self.path}"
-                )
             try:
                 write_atomically(self.path, new)
             except OSError as exc:
@@ -257,6 +249,48 @@ class FileMemory:
 
     def __repr__(self) -> str:
         return f"FileMemory({str(self.path)!r})"
+
+
+def entry_text(line: str, max_entry_chars: int) -> str:
+    """The entry ``remember`` stores for ``line``: one line, each run of white space (newlines
+    too) made one space.
+
+    Raises :class:`MemoryFailure` when it is empty, longer than ``max_entry_chars`` characters,
+    or not valid Unicode (a lone surrogate). Every memory source's ``remember`` checks with it.
+    """
+    text = " ".join(line.split())
+    if not text:
+        raise MemoryFailure("there is nothing to remember: the text is empty")
+    if len(text) > max_entry_chars:
+        raise MemoryFailure(
+            f"the entry has {len(text)} characters; memory.max_entry_chars allows "
+            f"{max_entry_chars}: remember something shorter"
+        )
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise MemoryFailure("the entry is not valid Unicode text") from None
+    return text
+
+
+def check_room(used: int, entry: int, max_chars: int, what: str, where: object) -> None:
+    """Refuse an entry of ``entry`` characters when memory holds ``used`` and may hold
+    ``max_chars`` (``memory.max_chars``); ``what`` names the memory (``the memory file``) and
+    ``where`` the place an operator makes room in.
+
+    A memory already past the cap is refused as such: new baselines copy only its first
+    ``max_chars`` characters, so a line added at its end would reach no new session.
+    """
+    if used > max_chars:
+        raise MemoryFailure(
+            f"{what} already holds more than memory.max_chars ({max_chars}) characters; new "
+            f"entries would not reach new sessions: an operator must make room in {where}"
+        )
+    if used + entry > max_chars:
+        raise MemoryFailure(
+            f"memory is full: {what} would have {used + entry} characters and "
+            f"memory.max_chars is {max_chars}; an operator must make room in {where}"
+        )
 
 
 def _first_damage(data: bytes, *, cut: bool) -> int | None:

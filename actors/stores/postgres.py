@@ -43,7 +43,12 @@ from actors.stores.base import (
     StoredMessage,
     StoreError,
 )
-from actors.stores.memory import DEFAULT_MAX_CHARS, DEFAULT_MAX_ENTRY_CHARS, MemoryFailure
+from actors.stores.memory import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_ENTRY_CHARS,
+    check_room,
+    entry_text,
+)
 from actors.stores.sqlite import baseline_hash
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
@@ -579,13 +584,7 @@ class PgSessionStore:
                 "SELECT COALESCE(SUM(length(text) + 3), 0) FROM loopd_memory"
             ).fetchone()
             used = int(row[0]) if row is not None else 0
-            chars = used + len(text) + 3
-            if chars > max_chars:
-                raise MemoryFailure(
-                    f"memory is full: the entries would have {chars} characters and "
-                    f"memory.max_chars is {max_chars}; an operator must make room in the "
-                    "loopd_memory table"
-                )
+            check_room(used, len(text) + 3, max_chars, "the memory", "the loopd_memory table")
             cur.execute("INSERT INTO loopd_memory (text, at) VALUES (%s, %s)", (text, _now()))
 
     def memory_entries(self) -> list[str]:
@@ -784,14 +783,7 @@ class PgMemory:
         Raises :class:`~actors.stores.memory.MemoryFailure` for an empty entry, one longer than
         ``max_entry_chars``, or when the entries would pass ``max_chars``.
         """
-        text = " ".join(line.split())
-        if not text:
-            raise MemoryFailure("there is nothing to remember: the text is empty")
-        if len(text) > self.max_entry_chars:
-            raise MemoryFailure(
-                f"the entry has {len(text)} characters; memory.max_entry_chars allows "
-                f"{self.max_entry_chars}: remember something shorter"
-            )
+        text = entry_text(line, self.max_entry_chars)
         self._shared().add_memory(text, max_chars=self.max_chars)
 
     def updated(self, session: str, turns: int) -> None:
