@@ -6,7 +6,7 @@ import copy
 import os
 import pickle
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from actors.stores.base import (
     StoreError,
     StoreFileReplaced,
 )
-from actors.stores.sqlite import SCHEMA_VERSION, SessionStore
+from actors.stores.sqlite import SCHEMA_VERSION, SQLITE, SessionStore
 from actors.testing import Probe
 from messages import (
     Appended,
@@ -90,22 +90,48 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "home" / "loopd.db"
 
 
-# The tests that hold for any store run on SQLite and, in `tox -e cluster` (which has a
-# PostgreSQL server), on PostgreSQL too; the rest are about the SQLite file itself.
+# The tests that hold for any store (the session logic, written once in actors/stores/sql.py)
+# run on SQLite and, in `tox -e cluster` (which has a PostgreSQL server), on PostgreSQL too; the
+# rest are about the SQLite file itself.
 BACKENDS = ["sqlite", *(["postgresql"] if os.environ.get("LOOPD_CLUSTER_TESTS") == "1" else [])]
 
-Opener = Callable[[], Any]
+
+class Opener:
+    """Opens this test's store, a new connection each call (as a new process would), and runs
+    statements behind its back."""
+
+    def __init__(self, backend: str, where: Path | str) -> None:
+        self.backend = backend
+        self.where = where
+
+    def __call__(self) -> Any:
+        if self.backend == "sqlite":
+            return SessionStore(self.where)
+        from actors.stores.postgres import PgSessionStore
+
+        return PgSessionStore(str(self.where))
+
+    def raw(self, text: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement (``{t}`` before each table name, ``?`` for a parameter) on a
+        connection of its own, committed; its rows."""
+        if self.backend == "sqlite":
+            with raw_db(Path(self.where)) as conn:
+                return conn.execute(SQLITE.sql(text), params).fetchall()
+        import psycopg
+
+        from actors.stores.postgres import PG
+
+        with psycopg.connect(str(self.where), autocommit=True) as conn:
+            cur = conn.execute(PG.sql(text), params)
+            return cur.fetchall() if cur.description is not None else []
 
 
 @pytest.fixture(params=BACKENDS)
 def open_store(request: pytest.FixtureRequest, db: Path) -> Opener:
-    """Opens the store of this test, a new connection each call (as a new process would)."""
+    """Opens the store of this test on one backend, a new connection each call."""
     if request.param == "sqlite":
-        return lambda: SessionStore(db)
-    from actors.stores.postgres import PgSessionStore
-
-    url = request.getfixturevalue("pg_database")()
-    return lambda: PgSessionStore(url)
+        return Opener("sqlite", db)
+    return Opener("postgresql", request.getfixturevalue("pg_database")())
 
 
 @pytest.fixture
@@ -123,21 +149,20 @@ def sqlite_store(db: Path) -> Iterator[SessionStore]:
 # --- SessionStore ------------------------------------------------------------------------------
 
 
-def test_create_then_open_round_trips_the_baseline_byte_for_byte(db: Path) -> None:
-    with SessionStore(db) as store:
+def test_create_then_open_round_trips_the_baseline_byte_for_byte(open_store: Opener) -> None:
+    with open_store() as store:
         created = store.create("mm-thread", BASELINE, 3)
     assert created.transcript == ()
     assert (created.turns, created.next_call_id, created.untrusted) == (0, 1, False)
 
-    with SessionStore(db) as store:
+    with open_store() as store:
         opened = store.open("mm-thread")
     assert opened == created
     assert opened.slot == 3
     assert msgspec.json.encode(opened.baseline) == msgspec.json.encode(BASELINE)
-    with raw_db(db) as raw:
-        (stored,) = raw.execute(
-            "SELECT b.body FROM sessions s JOIN baselines b ON b.hash = s.baseline"
-        ).fetchone()
+    ((stored,),) = open_store.raw(
+        "SELECT b.body FROM {t}sessions s JOIN {t}baselines b ON b.hash = s.baseline"
+    )
     assert stored == msgspec.json.encode(BASELINE)
 
 
@@ -303,16 +328,19 @@ def test_list_sessions_is_sorted_and_counts_messages(store: Any) -> None:
     assert b.created_at <= b.updated_at
 
 
-def test_a_corrupt_row_raises_store_error_naming_its_seq_and_loses_nothing(db: Path) -> None:
-    with SessionStore(db) as store:
+def test_a_corrupt_row_raises_store_error_naming_its_seq_and_loses_nothing(
+    open_store: Opener,
+) -> None:
+    with open_store() as store:
         store.create("s", BASELINE, 0)
         store.create("t", BASELINE, 0)
         store.append("s", conversation(), turns=1, next_call_id=2, untrusted=False)
         store.append("t", [user("fine")], turns=1, next_call_id=1, untrusted=False)
-    with raw_db(db) as raw:
-        raw.execute("UPDATE messages SET body = ? WHERE session = 's' AND seq = 3", (b"{not json",))
+    open_store.raw(
+        "UPDATE {t}messages SET body = ? WHERE session = 's' AND seq = 3", (b"{not json",)
+    )
 
-    with SessionStore(db) as store:
+    with open_store() as store:
         with pytest.raises(StoreError, match=r"'s'.*seq 3") as info:
             store.open("s")
         assert info.value.session == "s"
@@ -321,20 +349,19 @@ def test_a_corrupt_row_raises_store_error_naming_its_seq_and_loses_nothing(db: P
         # Other sessions read as before, and the store neither dropped nor rewrote a row.
         assert store.open("t").transcript == (user("fine"),)
         assert [i.messages for i in store.list_sessions()] == [4, 1]
-    with raw_db(db) as raw:
-        rows = raw.execute("SELECT seq, body FROM messages WHERE session = 's'").fetchall()
+    rows = open_store.raw("SELECT seq, body FROM {t}messages WHERE session = 's' ORDER BY seq")
     assert [seq for seq, _ in rows] == [1, 2, 3, 4]
-    assert rows[2][1] == b"{not json"
+    assert bytes(rows[2][1]) == b"{not json"
 
 
-def test_a_well_formed_but_wrong_row_is_also_an_error(db: Path) -> None:
-    with SessionStore(db) as store:
+def test_a_well_formed_but_wrong_row_is_also_an_error(open_store: Opener) -> None:
+    with open_store() as store:
         store.create("s", BASELINE, 0)
         store.append("s", [user("a")], turns=1, next_call_id=1, untrusted=False)
-    with raw_db(db) as raw:
-        raw.execute("UPDATE messages SET body = ?", (b'{"type": "ChatMessage", "role": "robot"}',))
-        raw.execute("UPDATE baselines SET body = ?", (b"[]",))
-    with SessionStore(db) as store:
+    wrong = b'{"type": "ChatMessage", "role": "robot"}'
+    open_store.raw("UPDATE {t}messages SET body = ?", (wrong,))
+    open_store.raw("UPDATE {t}baselines SET body = ?", (b"[]",))
+    with open_store() as store:
         with pytest.raises(StoreError, match="baseline"):
             store.open("s")
         with pytest.raises(StoreError, match="seq 1"):
@@ -342,10 +369,10 @@ def test_a_well_formed_but_wrong_row_is_also_an_error(db: Path) -> None:
 
 
 def test_session_ids_are_only_sql_values_and_files_stay_under_the_path(
-    tmp_path: Path, db: Path
+    tmp_path: Path, open_store: Opener
 ) -> None:
     hostile = ["x'); DROP TABLE sessions; --", "%", "_", "../../escape", "/tmp/x"]
-    with SessionStore(db) as store:
+    with open_store() as store:
         store.create("a_b", BASELINE, 0)
         store.create("sub-a_b-1", BASELINE, 0)
         store.create("sub-aXb-2", BASELINE, 0)  # would match if '_' were a LIKE wildcard
@@ -525,10 +552,12 @@ def test_store_actor_that_cannot_open_its_file_still_answers(
         ref.stop()
 
 
-def test_store_actor_closes_the_store_consistently_on_stop(db: Path, directory: Directory) -> None:
+def test_store_actor_closes_the_store_consistently_on_stop(
+    open_store: Opener, directory: Directory
+) -> None:
     probe = Probe()
     directory.register("probe", probe)
-    ref = StoreActor.start(db, directory)
+    ref = StoreActor.start(open_store, directory)
     ref.tell(OpenSession("s", BASELINE, 0, reply_to="probe"))
     ref.tell(
         AppendMessages(
@@ -538,7 +567,7 @@ def test_store_actor_closes_the_store_consistently_on_stop(db: Path, directory: 
     ref.stop()  # pykka handles queued messages before the stop
     assert isinstance(probe.next(), SessionLoaded)
     assert probe.next() == Appended("s", 1)
-    with SessionStore(db) as store:
+    with open_store() as store:
         assert store.open("s").transcript == (user("kept"),)
 
 
@@ -676,7 +705,7 @@ def test_a_version_2_store_is_migrated_and_its_sessions_run_default(db: Path) ->
         ]
 
 
-def test_the_agent_is_stored_with_each_kind_of_session(store: SessionStore) -> None:
+def test_the_agent_is_stored_with_each_kind_of_session(store: Any) -> None:
     store.create("a", BASELINE, 0, agent="planner")
     record, created = store.open_or_create("b", BASELINE, 0, agent="writer")
     assert created and record.agent == "writer"
@@ -697,15 +726,13 @@ def test_a_migrated_child_record_is_not_taken_for_a_child(db: Path) -> None:
 
 
 def test_a_baseline_is_stored_once_however_many_sessions_use_it(
-    sqlite_store: SessionStore, db: Path
+    store: Any, open_store: Opener
 ) -> None:
-    store = sqlite_store
     for i in range(5):
         store.create(f"s{i}", BASELINE, 0)
     store.create_child("sub-s0-1", "s0", BASELINE, 1, untrusted=False, first=user("t"))
     store.create("x", OTHER, 0)
-    with raw_db(db) as raw:
-        assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
+    assert open_store.raw("SELECT COUNT(*) FROM {t}baselines") == [(2,)]
     assert all(store.open(f"s{i}").baseline == BASELINE for i in range(5))
     assert store.open("x").baseline == OTHER
 
@@ -878,24 +905,33 @@ def test_with_group_commit_off_each_request_is_its_own_transaction(
         ref.stop()
 
 
-def test_a_batch_whose_commit_fails_answers_each_request_alone(db: Path) -> None:
-    with SessionStore(db) as store:
-        store.create("a", BASELINE, 0)
+def test_a_batch_whose_transaction_fails_answers_each_request_alone(store: Any) -> None:
+    store.create("a", BASELINE, 0)
 
-        def ok(cur: sqlite3.Cursor) -> str:
-            store.append_in(cur, "a", [user("kept")], turns=1, next_call_id=1, untrusted=False)
-            return "ok"
+    def ok(cur: Any) -> str:
+        store.append_in(cur, "a", [user("kept")], turns=1, next_call_id=1, untrusted=False)
+        return "ok"
 
-        def aborts(cur: sqlite3.Cursor) -> str:
-            # A statement that ends the whole transaction: its savepoint is gone with it.
-            cur.execute("ROLLBACK")
-            return "never"
+    def aborts(cur: Any) -> str:
+        # A statement that ends the whole transaction: its savepoint is gone with it.
+        cur.execute("ROLLBACK")
+        raise RuntimeError("aborted")
 
-        results = store.run_batch([("a", ok), ("a", aborts), ("a", ok)])
-        assert results[0] == "ok" and results[2] == "ok"
-        assert isinstance(results[1], Exception)
-        # Run again one by one, the good jobs stored their message once each.
-        assert [m.content for m in store.open("a").transcript] == ["kept", "kept"]
+    results = store.run_batch([("a", ok), ("a", aborts), ("a", ok)])
+    assert results[0] == "ok" and results[2] == "ok"
+    assert isinstance(results[1], RuntimeError)
+    # Run again one by one, the good jobs stored their message once each.
+    assert [m.content for m in store.open("a").transcript] == ["kept", "kept"]
+
+
+def test_a_batch_that_cannot_begin_answers_every_job_naming_its_session(
+    open_store: Opener,
+) -> None:
+    store = open_store()
+    store.close()
+    results = store.run_batch([("a", lambda cur: 1), ("b", lambda cur: 2)])
+    assert [(type(r), r.session) for r in results] == [(StoreError, "a"), (StoreError, "b")]
+    assert all("cannot write: the store is closed" in str(r) for r in results)
 
 
 # --- The store file removed or replaced ---------------------------------------------------------
