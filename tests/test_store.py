@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import socket
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from actors.stores.base import (
     StoreFileReplaced,
 )
 from actors.stores.sqlite import SCHEMA_VERSION, SQLITE, SessionStore
-from actors.testing import Probe
+from actors.testing import Answer, Probe, call, reply
 from messages import (
     Appended,
     AppendMessages,
@@ -35,11 +37,16 @@ from messages import (
     ChatMessage,
     CompactHistory,
     CreateChild,
+    FailReason,
+    ModelRequest,
     OpenSession,
     SessionLoaded,
     StoreFailed,
+    SubagentFinished,
     ToolCall,
     ToolSpec,
+    TurnCompleted,
+    TurnFailed,
 )
 
 BASELINE = Baseline(
@@ -993,3 +1000,87 @@ def test_a_version_1_postgresql_store_gains_the_agent_column(
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
     assert row == (str(PG_SCHEMA_VERSION),) == ("2",)
+
+
+# --- Memory and scheduler state in a PostgreSQL that restarts or goes away --------------------
+
+WAIT = 30.0
+
+
+def _spawning(request: ModelRequest) -> Answer:
+    """Sessions named ``parent*`` call a child; every other session answers at once."""
+    last = request.messages[-1]
+    if request.session.startswith("parent") and last.role == "user":
+        return call("subagent", task="look")
+    if last.role == "tool":
+        return reply(last.content or "")
+    return reply("ok")
+
+
+def test_memory_in_a_store_out_of_reach_fails_a_new_session_with_store_error(
+    loopd_runtime: Callable[..., Any],
+) -> None:
+    pytest.importorskip("psycopg")
+    from actors.stores.postgres import PgMemory
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    memory = PgMemory(f"postgresql://loopd@127.0.0.1:{port}/none", connect_timeout_s=1)
+    rt = loopd_runtime(_spawning, memory=memory)
+    failed = rt.run_turn("new", "hello", timeout=WAIT)
+    # The memory's store is out of reach: a store_error, as for the session store itself (it
+    # was a spawn_error, the answer for a memory file that cannot be read).
+    assert isinstance(failed, TurnFailed) and failed.reason is FailReason.STORE_ERROR
+    assert "StoreError: cannot open the store: cannot reach PostgreSQL" in failed.detail
+    memory.close()
+
+
+@pytest.mark.skipif("postgresql" not in BACKENDS, reason="PostgreSQL runs in tox -e cluster")
+def test_memory_and_scheduler_state_reconnect_after_a_postgresql_restart(
+    loopd_runtime: Callable[..., Any],
+) -> None:
+    from actors.stores.postgres import PgMemory, PgSchedulerState
+    from actors.testing.postgres import PostgresServer
+
+    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    with PostgresServer() as pg:  # its own server: this test restarts it
+        url = pg.create_database("loopd_restart")
+        memory = PgMemory(url, connect_timeout_s=2)
+        memory.remember("likes tea")
+        schedule = PgSchedulerState(url, connect_timeout_s=2)
+        rt = loopd_runtime(_spawning, memory=memory)
+        seen: list[SubagentFinished] = []
+        rt.subscribe(lambda e: seen.append(e) if isinstance(e, SubagentFinished) else None)
+        try:
+            assert rt.run_turn("a", "hello", timeout=WAIT) == TurnCompleted("a", "ok")
+            schedule.save({"job": at}, {})
+            pg.stop()
+            pg.start()
+            # The memory's connection ended with the server; the first new session after the
+            # restart connects again (it failed with "cannot read memory: AdminShutdown").
+            assert rt.run_turn("b", "hello", timeout=WAIT) == TurnCompleted("b", "ok")
+            done = rt.run_turn("parent", "go", timeout=WAIT)
+            assert done == TurnCompleted("parent", "sub-parent-1 completed\nok")
+            assert schedule.load() == ({"job": at}, {})
+            schedule.save({"job": at}, {"other": at})
+            pg.stop()
+            # Down: a new session, and a child, fail with store_error (their memory is out of
+            # reach), and so does the scheduler's state.
+            down = rt.run_turn("c", "hello", timeout=WAIT)
+            assert isinstance(down, TurnFailed) and down.reason is FailReason.STORE_ERROR
+            assert rt.run_turn("parent", "go", timeout=WAIT) == TurnCompleted(
+                "parent", "sub-parent-2 failed"
+            )
+            assert seen[-1].child == "sub-parent-2"
+            assert seen[-1].reason is FailReason.STORE_ERROR
+            with pytest.raises(StoreError, match="cannot reach PostgreSQL"):
+                schedule.load()
+            pg.start()
+            assert rt.run_turn("c", "hello", timeout=WAIT) == TurnCompleted("c", "ok")
+            assert schedule.load() == ({"job": at}, {"other": at})
+        finally:
+            rt.stop()
+            memory.close()
+    for request in rt.model.requests:
+        assert "likes tea" in (request.messages[0].content or "")

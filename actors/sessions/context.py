@@ -22,6 +22,7 @@ from actors.core.spawn import build_baseline, child_summary, child_text
 from actors.dispatcher import DispatchedActor, TimerHandle
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, STORE, Directory, session_address
 from actors.sessions.session import SessionActor, SessionEnv, store_failure_reason
+from actors.stores.base import StoreError
 from actors.stores.memory import MemorySource
 from messages import (
     Baseline,
@@ -78,6 +79,12 @@ log = logging.getLogger(__name__)
 
 SWEEP_MAX_S = 60.0
 """The longest time between two looks for idle sessions (``sessions.idle_s`` if shorter)."""
+
+
+def baseline_failure(exc: Exception) -> FailReason:
+    """Why a turn fails whose baseline could not be built: ``store_error`` when the memory
+    lives in a store that is out of reach (PostgreSQL's entries), else ``spawn_error``."""
+    return FailReason.STORE_ERROR if isinstance(exc, StoreError) else FailReason.SPAWN_ERROR
 
 
 @dataclass
@@ -404,7 +411,7 @@ class ContextActor(DispatchedActor):
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
-            self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
+            self._answer_failure(hold, baseline_failure(exc), detail)
             return
         first = ChatMessage(role="user", content=hold.text)
         create = CreateChild(
@@ -477,7 +484,7 @@ class ContextActor(DispatchedActor):
         except Exception as exc:
             self._release(hold.session)
             detail = f"could not build the baseline: {type(exc).__name__}: {exc}"
-            self._answer_failure(hold, FailReason.SPAWN_ERROR, detail)
+            self._answer_failure(hold, baseline_failure(exc), detail)
             return
         self._ask_store(hold, baseline)
 

@@ -16,7 +16,11 @@ asks for a session whose lock is taken is refused with :class:`SessionHeldElsewh
 
 A lost connection (the server stopped, restarted or unreachable) fails the request at hand with
 a :class:`~actors.stores.base.StoreError`; the next request connects again (within
-``connect_timeout_s``) and takes back the locks this store held.
+``connect_timeout_s``) and takes back the locks this store held. A connection the server ended
+while it was idle (a restart between two requests) is found dead at the first statement of the
+next transaction, before anything was done on it: that transaction connects again at once
+instead of failing. The memory entries (:class:`PgMemory`) and the scheduler's state
+(:class:`PgSchedulerState`) go through the same store, so they reconnect the same way.
 
 The session logic is :class:`~actors.stores.sql.SqlSessionStore`'s; this module adds the
 connection, the ``loopd_*`` schema, the advisory locks, and the tables a cluster shares.
@@ -199,6 +203,18 @@ class PgSessionStore(SqlSessionStore):
             raise _failure(session, action, exc) from exc
         self._conn = conn
         return conn
+
+    def _begin(self, session: str | None, action: str, *, write: bool) -> Any:
+        reused = self._alive()
+        try:
+            return super()._begin(session, action, write=write)
+        except StoreError:
+            # A connection the server ended while it sat idle (a restart) fails at its first
+            # statement, the BEGIN, before anything was done: connect again at once.
+            if not reused or self._alive():
+                raise
+        log.info("store: the connection to PostgreSQL was lost while idle; connecting again")
+        return super()._begin(session, action, write=write)
 
     def _relock(self, conn: psycopg.Connection[Any]) -> None:
         """Take back the locks of a connection that ended: the sessions are still ours."""
