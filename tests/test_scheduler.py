@@ -19,15 +19,10 @@ import pykka
 import pytest
 
 from actors.core.config import Config, CronJob, HeartbeatConfig
+from actors.core.schedule import Schedule, scheduled_text
 from actors.dispatcher.directory import CONTEXT, Directory, session_address
 from actors.runtime import Runtime
-from actors.services.scheduler import (
-    SCHEDULER,
-    Schedule,
-    SchedulerActor,
-    SchedulerStatus,
-    scheduled_text,
-)
+from actors.services.scheduler import SCHEDULER, SchedulerActor, SchedulerStatus
 from actors.testing import Probe, call, reply
 from actors.testing.script import Answer
 from messages import (
