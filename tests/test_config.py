@@ -480,7 +480,7 @@ def without_none(data: object) -> object:
     """``data`` with every None left out (TOML has no null: an unset key is a missing key)."""
     if isinstance(data, dict):
         return {k: without_none(v) for k, v in data.items() if v is not None}
-    if isinstance(data, list):
+    if isinstance(data, list | tuple):  # to_builtins keeps a tuple (the [[cron]] tables)
         return [without_none(v) for v in data]
     return data
 

@@ -127,6 +127,12 @@ class Config(Section, frozen=True):
             )
         for name, profile in self.agents.items():
             profile.check(name)
+        for index, job in enumerate(self.cron):
+            if job.agent is not None and job.agent not in self.agent_names():
+                raise ConfigError(
+                    f"cron[{index}].agent (the job on {job.session}): no agent profile is named "
+                    f"{job.agent!r} (the config has: {', '.join(self.agent_names())})"
+                )
 
     def agent(self, name: str) -> AgentConfig:
         """The profile ``name``; ``default`` is an empty profile when not configured.

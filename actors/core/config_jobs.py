@@ -89,6 +89,11 @@ class CronJob(Section, frozen=True):
     """A five-field cron expression, evaluated in UTC (``0 7 * * 1-5``)."""
     prompt: str
     """The turn's text, after the ``It is <now>.`` line."""
+    agent: str | None = None
+    """The agent profile (``[agents.NAME]``) the job's session runs, as ``run_turn(agent=...)``
+    picks it: a new session is created with it, a stored one of another profile fails the turn
+    ``wrong_agent``. None: ``default``. The :class:`~actors.core.config.Config` refuses a name
+    it has no profile of."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

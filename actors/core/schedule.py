@@ -88,6 +88,8 @@ class CronEntry:
     """The five-field cron expression, in UTC."""
     prompt: str
     """The text after the ``It is <now>.`` line."""
+    agent: str | None = None
+    """The agent profile the turn runs (None: ``default``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,9 @@ class Schedule:
     def __init__(self, cron: Iterable[CronJob] = (), heartbeat: HeartbeatConfig | None = None):
         """Plan the ``[[cron]]`` entries ``cron`` (named by position) and ``heartbeat``."""
         jobs: list[Job] = [
-            CronEntry(cron_job_name(i, job.session), job.session, job.schedule, job.prompt)
+            CronEntry(
+                cron_job_name(i, job.session), job.session, job.schedule, job.prompt, job.agent
+            )
             for i, job in enumerate(cron)
         ]
         if heartbeat is not None:

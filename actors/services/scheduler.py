@@ -289,7 +289,9 @@ class SchedulerActor(pykka.ThreadingActor):
         prompt = self._prompt(job)
         if prompt is None:
             return
-        turn = ScheduledTurn(name, job.session, scheduled_text(now, prompt), SCHEDULER)
+        agent = job.agent if isinstance(job, CronEntry) else None
+        text = scheduled_text(now, prompt)
+        turn = ScheduledTurn(name, job.session, text, SCHEDULER, agent=agent)
         self.last_runs[name] = now
         self._save()
         self.sent += 1
