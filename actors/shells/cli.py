@@ -176,11 +176,13 @@ def cmd_repl(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the runtime and its scheduler until SIGTERM or SIGINT (see actors.shells.serve)."""
+    """Run the runtime and its scheduler until SIGTERM, SIGINT or SIGHUP (see
+    actors.shells.serve); a stop signal repeated while the process exits is ignored."""
     from actors.shells.serve import serve
 
     config = _config(args)
-    return serve(config, json_lines=args.json, tools=load_tools(args.tools))
+    tools = load_tools(args.tools)
+    return serve(config, json_lines=args.json, tools=tools, restore_signals=False)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
