@@ -382,3 +382,29 @@ def test_no_doc_cites_the_spec(doc: Path) -> None:
     # SPEC.md is not in the repository: a doc states the rule itself.
     for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
         assert not re.search(r"\bSPEC\b", line), f"{doc.name}:{number}: {line.strip()}"
+
+
+def test_the_guide_gives_the_shape_sessions_show_json_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 19 B12: the guide called it the chat-completions shape; it is loopd's message shape.
+    from actors import Runtime
+    from actors.shells.views import show_session_json
+    from actors.stores.reader import StoreReader
+    from actors.stores.sqlite import DB_NAME
+    from actors.testing import ScriptedModel, call, reply
+
+    config = Config(home=str(tmp_path))
+    with Runtime.start(config, model=ScriptedModel([call("clock"), reply("done")])) as rt:
+        rt.run_turn("main", "hi", timeout=30)
+    with StoreReader(tmp_path / DB_NAME) as store:
+        show_session_json(store, "main")
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    called = next(line["message"] for line in lines[1:] if line["message"]["tool_calls"])
+    guide = (DOCS / "guide.md").read_text(encoding="utf-8")
+    bullet = guide.split("- `loopd sessions show ID --json`", 1)[1].split("\n- ", 1)[0]
+    assert "not the chat-completions one" in bullet
+    assert f'"type": "{called["type"]}"' in bullet
+    assert f'"type": "{called["tool_calls"][0]["type"]}"' in bullet
+    for key in [*lines[0], *called, *called["tool_calls"][0]]:
+        assert f'"{key}"' in bullet, key

@@ -191,7 +191,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     if config.store.url is not None:  # a PostgreSQL store: read it there
         shared = open_store(config)
         try:
-            return print_sessions(shared, args)
+            return print_sessions(shared, args, config)
         finally:
             shared.close()
     home = config.home_path
@@ -205,16 +205,18 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         return 0
     # Read-only: listing works on a home this user may not write to, and changes nothing.
     with StoreReader(path) as store:
-        return print_sessions(store, args)
+        return print_sessions(store, args, config)
 
 
-def print_sessions(store: StoreBackend, args: argparse.Namespace) -> int:
+def print_sessions(
+    store: StoreBackend, args: argparse.Namespace, config: Config | None = None
+) -> int:
     """``loopd sessions`` (a table of every session, or one JSON line each with ``--json``) or
     ``loopd sessions show ID``."""
     if args.action == "show":
         if args.json:
             return show_session_json(store, args.id)
-        return show_session(store, args.id)
+        return show_session(store, args.id, config)
     infos = store.list_sessions()
     if args.json:
         for i in infos:
