@@ -105,6 +105,20 @@ def test_demo_runs_offline_with_a_temporary_store(tmp_path: Path) -> None:
     assert not (tmp_path / ".loopd").exists()
 
 
+def test_demo_shows_a_streamed_line_break_as_a_mark_never_as_x0a(
+    demo_home: tuple[Path, str],
+) -> None:
+    # Issue 19 B2: the demo's streamed lines printed "reported:\\x0asub-demo-1 completed".
+    _, out = demo_home
+    assert "\\x0a" not in out
+    streamed = [what for _, session, what in events(out) if what.startswith("✎ ")]
+    assert len(streamed) == 3, out
+    parent = next(w for _, s, w in events(out) if s == "demo" and w.startswith("✎ "))
+    assert "My helper reported:⏎sub-demo-1 completed⏎There is time for a walk." in parent
+    # The final answer, printed as text, keeps its real line breaks.
+    assert "My helper reported:\nsub-demo-1 completed\n" in out
+
+
 def test_demo_prints_the_live_tree_in_order(demo_home: tuple[Path, str]) -> None:
     _, out = demo_home
     tree = events(out)
