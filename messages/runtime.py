@@ -264,6 +264,9 @@ class ScheduledTurn(Message, frozen=True):
     session: SessionId
     text: str
     reply_to: str | None = None
+    agent: str | None = None
+    """The agent profile of the turn, as :class:`~messages.StartTurn`'s (a ``[[cron]]`` job's
+    ``agent``; None: ``default``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

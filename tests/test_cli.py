@@ -105,6 +105,20 @@ def test_demo_runs_offline_with_a_temporary_store(tmp_path: Path) -> None:
     assert not (tmp_path / ".loopd").exists()
 
 
+def test_demo_shows_a_streamed_line_break_as_a_mark_never_as_x0a(
+    demo_home: tuple[Path, str],
+) -> None:
+    # Issue 19 B2: the demo's streamed lines printed "reported:\\x0asub-demo-1 completed".
+    _, out = demo_home
+    assert "\\x0a" not in out
+    streamed = [what for _, session, what in events(out) if what.startswith("✎ ")]
+    assert len(streamed) == 3, out
+    parent = next(w for _, s, w in events(out) if s == "demo" and w.startswith("✎ "))
+    assert "My helper reported:⏎sub-demo-1 completed⏎There is time for a walk." in parent
+    # The final answer, printed as text, keeps its real line breaks.
+    assert "My helper reported:\nsub-demo-1 completed\n" in out
+
+
 def test_demo_prints_the_live_tree_in_order(demo_home: tuple[Path, str]) -> None:
     _, out = demo_home
     tree = events(out)
@@ -816,3 +830,30 @@ def test_sessions_show_prints_unparseable_arguments_as_the_model_wrote_them(
     assert result.returncode == 0, result.stderr
     assert "clock({not json)" in result.stdout
     assert "clock({})" not in result.stdout
+
+
+def test_sessions_show_prints_no_slot_for_a_profile_of_the_openai_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 19 B12: an openai-backend profile has no slots; "slot 1" there pointed nowhere.
+    from actors.shells.cli import main
+
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{tmp_path / "home"}"\n\n[agents.cloud]\nbackend = "openai"\n\n'
+        '[agents.local]\ndescription = "on the llama.cpp server"\n'
+    )
+    script = ScriptedModel([call("subagent", task="t", agent="cloud"), reply("c"), reply("p")])
+    with Runtime.start(Config.load(config), model=script) as rt:
+        assert rt.run_turn("main", "go", timeout=TIMEOUT_S).session == "main"
+    shown = {}
+    for session in ("main", "sub-main-1"):
+        assert main(["sessions", "show", session, "--config", str(config)]) == 0
+        shown[session] = capsys.readouterr().out
+    assert re.search(r"^slot\s+0$", shown["main"], re.M)
+    assert re.search(r"^agent\s+cloud$", shown["sub-main-1"], re.M)
+    assert re.search(r"^slot\s+-$", shown["sub-main-1"], re.M)
+    # The whole config on the openai backend: no session has a slot.
+    config.write_text(f'home = "{tmp_path / "home"}"\n\n[model]\nbackend = "openai"\n')
+    assert main(["sessions", "show", "main", "--config", str(config)]) == 0
+    assert re.search(r"^slot\s+-$", capsys.readouterr().out, re.M)

@@ -480,7 +480,7 @@ def without_none(data: object) -> object:
     """``data`` with every None left out (TOML has no null: an unset key is a missing key)."""
     if isinstance(data, dict):
         return {k: without_none(v) for k, v in data.items() if v is not None}
-    if isinstance(data, list):
+    if isinstance(data, list | tuple):  # to_builtins keeps a tuple (the [[cron]] tables)
         return [without_none(v) for v in data]
     return data
 
@@ -489,3 +489,54 @@ def test_a_home_of_an_unknown_user_is_a_config_error() -> None:
     # Found by hypothesis: Path("~0").expanduser() raises RuntimeError.
     with pytest.raises(ConfigError, match="home '~no-such-user-here'"):
         Config(home="~no-such-user-here")
+
+
+# --- cron fields (issue 19, A15) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field"),
+    [
+        ("1-0 * * * *", "the minute field '1-0': its range '1-0' runs backwards"),
+        ("*/1000000000000 * * * *", "the minute field '*/1000000000000': its step"),
+        ("0-59/61 * * * *", "the minute field '0-59/61': its step '61'"),
+        ("0 23-1 * * *", "the hour field '23-1': its range"),
+        ("0 0 20-10 * *", "the day of month field '20-10'"),
+        ("0 0 1 dec-jan *", "the month field 'dec-jan'"),
+        ("0 7 * * 5-1", "the day of week field '5-1'"),
+        ("0 7 * * 1,sat-sun", "the day of week field '1,sat-sun'"),
+        ("0 */99999999999999999999 * * *", "the hour field"),
+    ],
+)
+def test_a_cron_field_that_cannot_mean_what_it_says_is_refused_at_load_naming_it(
+    tmp_path: pathlib.Path, schedule: str, field: str
+) -> None:
+    # croniter takes ``1-0`` for every minute and ``*/1000000000000`` for the top of each hour.
+    path = tmp_path / "loopd.toml"
+    path.write_text(
+        '[[cron]]\nsession = "morning"\nschedule = "0 7 * * *"\nprompt = "go"\n\n'
+        f'[[cron]]\nsession = "ops"\nschedule = "{schedule}"\nprompt = "go"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        Config.load(path)
+    text = str(caught.value)
+    assert field in text
+    assert "the job on ops" in text and "$.cron[1]" in text  # which job: its session and index
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "*/15 9-17 * * mon-fri",
+        "0 0 * * 0-7",
+        "*/60 * * * *",
+        "0 0 1 */3 *",
+        "0 0 1 jan-mar *",
+        "0 0 L * *",
+        "0 0 15W * *",
+        "0 0 * * 5#2",
+        "5,10-20/5 * * * *",
+    ],
+)
+def test_ordinary_cron_fields_still_load(schedule: str) -> None:
+    assert CronJob(session="ops", schedule=schedule, prompt="go").schedule == schedule

@@ -339,3 +339,72 @@ def test_runbook_arithmetic_of_child_ids(length, depth, digits):
     assert len(session) == length + depth * (5 + digits) <= 64
     with pytest.raises(ArgumentError):  # the runbook's maximum depth: one more does not fit
         child_id(session, number)
+
+
+# --- docs that stand alone and install what they say (issue 19, B1 and B12) -------------------
+
+README = DOCS.parent / "README.md"
+USER_DOCS = [README, *sorted(DOCS.glob("*.md"))]
+
+# ``pip install`` and its arguments, up to the end of the code span, the line or the command.
+_INSTALL = re.compile(r"pip3?\s+install([^`\n;&|)]*)")
+
+
+def pip_installs(text: str) -> list[list[str]]:
+    """The arguments of every ``pip install`` in ``text``, quotes taken off."""
+    return [
+        [arg.strip("'\"") for arg in found.group(1).split()] for found in _INSTALL.finditer(text)
+    ]
+
+
+def test_pip_installs_are_found() -> None:
+    text = "`pip install 'loopd[otel]'`, `pip install -U \"loopd\"`\n  pip install . && loopd demo"
+    assert pip_installs(text) == [["loopd[otel]"], ["-U", "loopd"], ["."]]
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: p.name)
+def test_no_install_line_installs_the_loopd_of_the_package_index(doc: Path) -> None:
+    # The name loopd on PyPI belongs to an unrelated project: every install is from the checkout.
+    for args in pip_installs(doc.read_text(encoding="utf-8")):
+        wrong = [a for a in args if re.match(r"loopd\b", a)]
+        assert not wrong, f"{doc.name}: pip install {' '.join(args)}: install from the checkout"
+
+
+def test_the_otel_section_says_the_sdk_is_needed() -> None:
+    guide = (DOCS / "guide.md").read_text(encoding="utf-8")
+    section = guide.split("### Tracing with OpenTelemetry", 1)[1].split("\n## ", 1)[0]
+    assert "pip install '.[otel]'" in section
+    assert "opentelemetry.sdk" in section and "pip install opentelemetry-sdk" in section
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: p.name)
+def test_no_doc_cites_the_spec(doc: Path) -> None:
+    # SPEC.md is not in the repository: a doc states the rule itself.
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        assert not re.search(r"\bSPEC\b", line), f"{doc.name}:{number}: {line.strip()}"
+
+
+def test_the_guide_gives_the_shape_sessions_show_json_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 19 B12: the guide called it the chat-completions shape; it is loopd's message shape.
+    from actors import Runtime
+    from actors.shells.views import show_session_json
+    from actors.stores.reader import StoreReader
+    from actors.stores.sqlite import DB_NAME
+    from actors.testing import ScriptedModel, call, reply
+
+    config = Config(home=str(tmp_path))
+    with Runtime.start(config, model=ScriptedModel([call("clock"), reply("done")])) as rt:
+        rt.run_turn("main", "hi", timeout=30)
+    with StoreReader(tmp_path / DB_NAME) as store:
+        show_session_json(store, "main")
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    called = next(line["message"] for line in lines[1:] if line["message"]["tool_calls"])
+    guide = (DOCS / "guide.md").read_text(encoding="utf-8")
+    bullet = guide.split("- `loopd sessions show ID --json`", 1)[1].split("\n- ", 1)[0]
+    assert "not the chat-completions one" in bullet
+    assert f'"type": "{called["type"]}"' in bullet
+    assert f'"type": "{called["tool_calls"][0]["type"]}"' in bullet
+    for key in [*lines[0], *called, *called["tool_calls"][0]]:
+        assert f'"{key}"' in bullet, key

@@ -335,7 +335,7 @@ def test_event_lines_show_control_characters_escaped() -> None:
     assert "\n" not in line
     assert "\\x1b]0;PWNED\\x07" in line
     failed = render_event(TurnEnded(session="s", completed=False, detail="a\x1b[2Jb\nc"))
-    assert failed.endswith("a\\x1b[2Jb\\x0ac")
+    assert failed.endswith("a\\x1b[2Jb⏎c")
 
 
 def test_escape_controls_keeps_ordinary_text_and_newlines() -> None:

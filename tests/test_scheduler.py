@@ -18,16 +18,13 @@ import msgspec
 import pykka
 import pytest
 
-from actors.core.config import Config, CronJob, HeartbeatConfig
+from actors.core.config import AgentConfig, Config, ConfigError, CronJob, HeartbeatConfig
+from actors.core.schedule import Schedule, scheduled_text
 from actors.dispatcher.directory import CONTEXT, Directory, session_address
 from actors.runtime import Runtime
-from actors.services.scheduler import (
-    SCHEDULER,
-    Schedule,
-    SchedulerActor,
-    SchedulerStatus,
-    scheduled_text,
-)
+from actors.services.scheduler import SCHEDULER, SchedulerActor, SchedulerStatus
+from actors.stores.reader import StoreReader
+from actors.stores.sqlite import DB_NAME
 from actors.testing import Probe, call, reply
 from actors.testing.script import Answer
 from messages import (
@@ -448,6 +445,50 @@ def test_a_cron_job_starts_a_turn_with_the_time_and_its_prompt(
     assert user_text(request) == "It is 2026-11-30T07:00:00Z.\n\nRead the overnight notes."
     st = status(sched)
     assert (st.sent, st.runs, st.skips, st.failures) == (1, 1, 0, 0)
+
+
+def test_a_cron_job_runs_the_agent_profile_it_names(
+    loopd_runtime, loopd_config, scheduler, probe, gate
+) -> None:
+    # Issue 19 B4: the job's turn runs that profile, as run_turn(agent=...) picks it.
+    night = CronJob(session="ops", schedule="0 7 * * *", prompt="Sum up.", agent="night")
+    profile = AgentConfig(model="night-model", system="You sum up the night.")
+    config = loopd_config.replace(cron=(night, MORNING), agents={"night": profile})
+    rt = loopd_runtime(scripted(gate), config=config)
+    events = probe()
+    rt.subscribe(events.tell)
+    sched = scheduler(config, rt.directory, FakeClock(at(6, 30)))
+    tick(sched, T0)  # both jobs are due: the night job on ops, then MORNING, skipped (ops held)
+    settle(rt, events, "ops")
+    [request] = rt.model.requests
+    assert (request.session, request.agent, request.options.model) == (
+        "ops",
+        "night",
+        "night-model",
+    )
+    assert request.messages[0].content == "You sum up the night."
+    with StoreReader(config.home_path / DB_NAME) as store:
+        assert store.open("ops").agent == "night"
+    st = status(sched)
+    assert (st.sent, st.runs, st.skips) == (2, 1, 1)
+
+
+def test_a_cron_job_tells_the_context_its_agent(tmp_path, scheduler, context_probe) -> None:
+    directory, context = context_probe
+    job = CronJob(session="ops", schedule="0 7 * * *", prompt="go", agent="night")
+    config = Config(home=str(tmp_path / "home"), cron=(job,), agents={"night": AgentConfig()})
+    ref = scheduler(config, directory, FakeClock(at(6, 59)))
+    tick(ref, T0)
+    assert context.expect(ScheduledTurn).agent == "night"
+
+
+def test_a_cron_job_naming_an_unknown_agent_is_refused_at_load(tmp_path) -> None:
+    text = '[agents.day]\n\n[[cron]]\nsession = "ops"\nschedule = "0 7 * * *"\nprompt = "go"\n'
+    (tmp_path / "loopd.toml").write_text(text + 'agent = "night"\n')
+    with pytest.raises(ConfigError, match=r"cron\[0\]\.agent .*ops.*'night'.*default, day"):
+        Config.load(tmp_path / "loopd.toml")
+    (tmp_path / "loopd.toml").write_text(text + 'agent = "day"\n')
+    assert Config.load(tmp_path / "loopd.toml").cron[0].agent == "day"
 
 
 def test_the_heartbeat_reads_its_file_at_each_run(

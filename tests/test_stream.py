@@ -107,7 +107,7 @@ def test_the_printer_writes_a_streamed_answer_on_one_line_as_it_comes() -> None:
     printer(TextDelta(session="sub-mm-1", text="child", at=AT))
     printer(ModelAnswered(session="mm", step=1, content="Hello\nthere", at=AT))
     lines = out.getvalue().splitlines()
-    assert lines[1] == "00:00:00 mm  ✎ Hello\\x0athere"
+    assert lines[1] == "00:00:00 mm  ✎ Hello⏎there"
     assert lines[2].endswith("│ sub-mm-1  ✎ child")
     assert "← model answers" in lines[3] and len(lines) == 4
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.core.text import TEMPLATE_TOKENS, cap_chars, neutralise
+from actors.core.text import NEWLINE_MARK, TEMPLATE_TOKENS, cap_chars, escape_controls, neutralise
 
 FAMILIES: dict[str, list[str]] = {
     "chatml": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|IM_START|>"],
@@ -233,3 +233,35 @@ def test_neutralise_keeps_text_without_markup(text: str) -> None:
 @given(st.text(), st.integers(min_value=0, max_value=200))
 def test_cap_chars_is_a_prefix(s: str, n: int) -> None:
     assert cap_chars(s, n) == s[:n]
+
+
+# --- one-line displays (issue 19, B2) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("reported:\nsub-demo-1 completed", "reported:⏎sub-demo-1 completed"),
+        ("a\r\nb", "a⏎b"),  # one line break, one mark
+        ("\n\n", "⏎⏎"),
+        ("tab\there", "tab\\x09here"),
+        ("bell\x07\x1b[2J", "bell\\x07\\x1b[2J"),
+        ("lone\rreturn", "lone\\x0dreturn"),
+    ],
+)
+def test_a_one_line_display_shows_a_line_break_as_a_mark_and_escapes_the_rest(
+    text: str, shown: str
+) -> None:
+    assert escape_controls(text, one_line=True) == shown
+    assert NEWLINE_MARK == "⏎"
+
+
+@given(st.text())
+def test_a_one_line_display_is_one_line_and_never_shows_x0a(text: str) -> None:
+    shown = escape_controls(text, one_line=True)
+    assert "\n" not in shown and shown.count("\\x0a") == text.count("\\x0a")
+    assert shown.count(NEWLINE_MARK) == text.count("\n") + text.count(NEWLINE_MARK)
+
+
+def test_a_text_display_keeps_its_line_breaks() -> None:
+    assert escape_controls("a\nb\r\nc") == "a\nb\\x0d\nc"

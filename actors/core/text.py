@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Final
 
 __all__ = [
+    "NEWLINE_MARK",
     "REDACTED",
     "TEMPLATE_TOKENS",
     "RedactFilter",
@@ -124,14 +125,21 @@ def neutralise(text: str) -> str:
 
 
 # What a terminal may act on: C0 controls but ``\n`` and ``\t``, DEL, C1 controls, and lone
-# surrogates (which cannot even be encoded for the terminal). ``\n`` and ``\t`` join the set
-# for one-line displays.
+# surrogates (which cannot even be encoded for the terminal). ``\t`` joins the set for one-line
+# displays, and a line break (``\n`` or ``\r\n``) becomes :data:`NEWLINE_MARK` there.
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNSAFE_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNSAFE_ONE_LINE = re.compile(r"\r?\n|[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+NEWLINE_MARK = "⏎"
+"""What a line break of the text shows as in a one-line display (an event line, the ``✎`` line
+of a streamed answer): readable as a line break, and still one line."""
 
 
 def _escaped(found: re.Match[str]) -> str:
-    code = ord(found.group())
+    text = found.group()
+    if text.endswith("\n"):
+        return NEWLINE_MARK
+    code = ord(text)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
@@ -140,8 +148,9 @@ def escape_controls(text: str, *, one_line: bool = False) -> str:
 
     C0 controls (but ``\\n`` and ``\\t``), DEL, C1 controls and lone surrogates become
     ``\\xNN`` (``\\uNNNN`` for a surrogate), so ``ESC ] 0 ; x BEL`` prints as the visible text
-    ``\\x1b]0;x\\x07`` instead of retitling the window. With ``one_line``, ``\\n`` and
-    ``\\t`` are escaped too. Everything else is kept; the text a store holds is never changed.
+    ``\\x1b]0;x\\x07`` instead of retitling the window. With ``one_line``, ``\\t`` is escaped
+    too and a line break (``\\n``, ``\\r\\n``) shows as :data:`NEWLINE_MARK` (``⏎``), never as
+    ``\\x0a``. Everything else is kept; the text a store holds is never changed.
     """
     pattern = _UNSAFE_ONE_LINE if one_line else _UNSAFE
     return pattern.sub(_escaped, text)

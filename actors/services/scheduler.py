@@ -1,18 +1,11 @@
-"""The scheduler: cron jobs and the heartbeat, as turns the Context runs (``[[cron]]``,
+"""The scheduler actor: cron jobs and the heartbeat, as turns the Context runs (``[[cron]]``,
 ``[heartbeat]``).
 
-Two parts:
-
-- :class:`Schedule`, a pure planner: given the time and what ran when, which jobs are due and
-  when the next one will be. No threads, no I/O, no clock of its own.
-- :class:`SchedulerActor`, the actor at the address ``scheduler``: it owns the state file (the
-  last run of each job), wakes on :class:`~messages.Tick`, and tells the Context a
-  :class:`~messages.ScheduledTurn` for each due job. The Context runs it as a turn, or skips it
-  with a :class:`~messages.JobSkipped` event while the session or one of its descendants is
-  held.
-
-A missed run is caught up once, however many fire times the downtime covered: a job is due when
-its latest fire time is later than its last run, and running it moves the last run to now.
+:class:`SchedulerActor`, the actor at the address ``scheduler``, owns the state file (the last
+run of each job), wakes on :class:`~messages.Tick`, asks the pure
+:class:`~actors.core.schedule.Schedule` which jobs are due, and tells the Context a
+:class:`~messages.ScheduledTurn` for each. The Context runs it as a turn, or skips it with a
+:class:`~messages.JobSkipped` event while the session or one of its descendants is held.
 """
 
 from __future__ import annotations
@@ -21,19 +14,18 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 import pykka
-from croniter import croniter
 
-from actors.core.config import Config, CronJob, HeartbeatConfig
+from actors.core.config import Config
 from actors.core.dispatch import clock_text
 from actors.core.files import FileRefused, read_regular_file
+from actors.core.schedule import CronEntry, Job, Schedule, as_utc, scheduled_text
 from actors.dispatcher.directory import CONTEXT, Directory
 from messages import Inspect, JobSkipped, ScheduledTurn, Tick, TurnCompleted, TurnFailed
 from messages.base import Message
@@ -43,16 +35,9 @@ __all__ = [
     "SCHEDULER",
     "STATE_MAX_BYTES",
     "STATE_NAME",
-    "CronEntry",
-    "HeartbeatEntry",
-    "Job",
-    "Schedule",
     "SchedulerActor",
     "SchedulerStateStore",
     "SchedulerStatus",
-    "cron_job_name",
-    "heartbeat_job_name",
-    "scheduled_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,202 +55,6 @@ STATE_MAX_BYTES = 16 * 1024 * 1024
 """The largest state file read; a larger one is treated as corrupt."""
 
 _STATE_VERSION = 1
-_MINUTE = timedelta(minutes=1)
-_EPSILON = timedelta(microseconds=1)
-
-
-def cron_job_name(index: int, session: str) -> str:
-    """The name of the ``[[cron]]`` entry at ``index`` (from 0, in file order):
-    ``cron:<index>:<session>``."""
-    return f"cron:{index}:{session}"
-
-
-def heartbeat_job_name(session: str) -> str:
-    """The name of the heartbeat job: ``heartbeat:<session>``."""
-    return f"heartbeat:{session}"
-
-
-def scheduled_text(now: datetime, prompt: str) -> str:
-    """The user text of a scheduled turn: ``It is <now>.`` then a blank line then ``prompt``."""
-    return f"It is {clock_text(now)}.\n\n{prompt}"
-
-
-def _utc(moment: datetime) -> datetime:
-    """``moment`` as an aware UTC datetime (a naive one is taken to be UTC already)."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
-
-
-def _latest_fire(expression: str, now: datetime) -> datetime:
-    """The latest fire time of ``expression`` at or before ``now``.
-
-    croniter's ``get_prev`` is strictly before its start; five-field cron fires on whole minutes,
-    so starting from the minute after ``now``'s minute finds a fire time equal to it too.
-    """
-    start = now.replace(second=0, microsecond=0) + _MINUTE
-    fire: datetime = croniter(expression, start).get_prev(datetime)
-    return _utc(fire)
-
-
-def _next_fire(expression: str, after: datetime, *, inclusive: bool) -> datetime:
-    """The first fire time of ``expression`` later than ``after`` (or equal, if inclusive)."""
-    start = after - _EPSILON if inclusive else after
-    fire: datetime = croniter(expression, start).get_next(datetime)
-    return _utc(fire)
-
-
-@dataclass(frozen=True, slots=True)
-class CronEntry:
-    """A ``[[cron]]`` job as the planner sees it."""
-
-    name: str
-    """``cron:<index>:<session>``."""
-    session: str
-    """The session the turn runs in."""
-    schedule: str
-    """The five-field cron expression, in UTC."""
-    prompt: str
-    """The text after the ``It is <now>.`` line."""
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatEntry:
-    """The ``[heartbeat]`` job as the planner sees it."""
-
-    name: str
-    """``heartbeat:<session>``."""
-    session: str
-    """The session the turn runs in."""
-    every: timedelta
-    """The time between two runs."""
-    file: str
-    """The prompt file, relative to ``home`` (or absolute); read at each run."""
-
-
-Job = CronEntry | HeartbeatEntry
-"""One scheduled job."""
-
-
-class Schedule:
-    """The pure planner of scheduled jobs: what is due at a time, and when the next thing is.
-
-    It holds the jobs and nothing else. Callers pass what it needs: ``now``, the last run of each
-    job (``last_runs``, by job name), and when each job was first seen (``first_seen``). Times
-    are compared in UTC; a naive datetime is taken to be UTC.
-
-    - A cron job that has run is due when its latest fire time at or before ``now`` is later than
-      its last run. However many fire times a downtime covered, that is one due run.
-    - A cron job that never ran is due from its first fire time at or after it was first seen,
-      so a fresh start does not fire for a time that passed before the scheduler knew the job.
-      With no ``first_seen`` entry it counts as first seen at ``now``.
-    - The heartbeat is due at once if it never ran, then when ``every_s`` has passed since its
-      last run (or if its last run is in the future: the clock was set back).
-    """
-
-    def __init__(self, cron: Iterable[CronJob] = (), heartbeat: HeartbeatConfig | None = None):
-        """Plan the ``[[cron]]`` entries ``cron`` (named by position) and ``heartbeat``."""
-        jobs: list[Job] = [
-            CronEntry(cron_job_name(i, job.session), job.session, job.schedule, job.prompt)
-            for i, job in enumerate(cron)
-        ]
-        if heartbeat is not None:
-            every = timedelta(seconds=heartbeat.every_s)
-            name = heartbeat_job_name(heartbeat.session)
-            jobs.append(HeartbeatEntry(name, heartbeat.session, every, heartbeat.file))
-        self.jobs: tuple[Job, ...] = tuple(jobs)
-        """Every job, cron jobs in file order, then the heartbeat."""
-        self._by_name = {job.name: job for job in self.jobs}
-
-    @classmethod
-    def from_config(cls, config: Config) -> Schedule:
-        """The schedule of ``config.cron`` and ``config.heartbeat``."""
-        return cls(config.cron, config.heartbeat)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every job's name, in order."""
-        return tuple(job.name for job in self.jobs)
-
-    def job(self, name: str) -> Job:
-        """The job called ``name``; ``KeyError`` if there is none."""
-        return self._by_name[name]
-
-    def mark_seen(
-        self,
-        now: datetime,
-        last_runs: Mapping[str, datetime],
-        first_seen: Mapping[str, datetime],
-    ) -> dict[str, datetime]:
-        """``first_seen`` plus ``now`` for every cron job neither run nor seen before."""
-        seen = dict(first_seen)
-        for job in self.jobs:
-            if isinstance(job, CronEntry) and job.name not in last_runs and job.name not in seen:
-                seen[job.name] = _utc(now)
-        return seen
-
-    def next_due(
-        self,
-        name: str,
-        now: datetime,
-        last_runs: Mapping[str, datetime],
-        first_seen: Mapping[str, datetime] | None = None,
-    ) -> datetime:
-        """The earliest time job ``name`` is due; at or before ``now`` means it is due now."""
-        now = _utc(now)
-        job = self.job(name)
-        last = last_runs.get(name)
-        if isinstance(job, HeartbeatEntry):
-            if last is None:
-                return now
-            last = _utc(last)
-            return now if last > now else last + job.every
-        if last is not None:
-            return _next_fire(job.schedule, _utc(last), inclusive=False)
-        seen = (first_seen or {}).get(name)
-        return _next_fire(job.schedule, now if seen is None else _utc(seen), inclusive=True)
-
-    def is_due(
-        self,
-        name: str,
-        now: datetime,
-        last_runs: Mapping[str, datetime],
-        first_seen: Mapping[str, datetime] | None = None,
-    ) -> bool:
-        """True if job ``name`` is due at ``now`` (see the class for the rules)."""
-        now = _utc(now)
-        job = self.job(name)
-        if isinstance(job, HeartbeatEntry):
-            return self.next_due(name, now, last_runs, first_seen) <= now
-        latest = _latest_fire(job.schedule, now)
-        last = last_runs.get(name)
-        if last is not None:
-            return latest > _utc(last)
-        seen = (first_seen or {}).get(name)
-        return latest >= (now if seen is None else _utc(seen))
-
-    def due(
-        self,
-        now: datetime,
-        last_runs: Mapping[str, datetime],
-        first_seen: Mapping[str, datetime] | None = None,
-    ) -> list[str]:
-        """The names of the jobs due at ``now``, in job order. Each is due once, not once per
-        fire time it missed."""
-        return [job.name for job in self.jobs if self.is_due(job.name, now, last_runs, first_seen)]
-
-    def next_wake(
-        self,
-        now: datetime,
-        last_runs: Mapping[str, datetime],
-        first_seen: Mapping[str, datetime] | None = None,
-    ) -> datetime | None:
-        """The earliest time a job is due: ``now`` if one is due already, None with no jobs."""
-        if not self.jobs:
-            return None
-        now = _utc(now)
-        earliest = min(self.next_due(job.name, now, last_runs, first_seen) for job in self.jobs)
-        return max(earliest, now)
 
 
 # --- state ------------------------------------------------------------------------------------
@@ -299,8 +88,8 @@ def _read_state(path: Path) -> _State:
     if state.version != _STATE_VERSION:
         raise _CorruptState(f"unknown state version {state.version}")
     return _State(
-        last_runs={name: _utc(at) for name, at in state.last_runs.items()},
-        first_seen={name: _utc(at) for name, at in state.first_seen.items()},
+        last_runs={name: as_utc(at) for name, at in state.last_runs.items()},
+        first_seen={name: as_utc(at) for name, at in state.first_seen.items()},
     )
 
 
@@ -457,7 +246,7 @@ class SchedulerActor(pykka.ThreadingActor):
         """Handle a tick, an answer to a scheduled turn, or an :class:`~messages.Inspect`."""
         if isinstance(message, Tick):
             self._tick_waiting.clear()
-            self._tick(_utc(message.now) if message.now is not None else self._now())
+            self._tick(as_utc(message.now) if message.now is not None else self._now())
         elif isinstance(message, JobSkipped):
             self.skips += 1
             self._answered(message.session, message.job)
@@ -500,7 +289,9 @@ class SchedulerActor(pykka.ThreadingActor):
         prompt = self._prompt(job)
         if prompt is None:
             return
-        turn = ScheduledTurn(name, job.session, scheduled_text(now, prompt), SCHEDULER)
+        agent = job.agent if isinstance(job, CronEntry) else None
+        text = scheduled_text(now, prompt)
+        turn = ScheduledTurn(name, job.session, text, SCHEDULER, agent=agent)
         self.last_runs[name] = now
         self._save()
         self.sent += 1
@@ -563,7 +354,7 @@ class SchedulerActor(pykka.ThreadingActor):
     # --- time and state ---
 
     def _now(self) -> datetime:
-        return _utc(self.clock())
+        return as_utc(self.clock())
 
     def _load(self) -> None:
         if self.state_store is not None:
@@ -574,8 +365,8 @@ class SchedulerActor(pykka.ThreadingActor):
                 self._saving = False
                 log.error("cannot read the scheduler state from the store (%s); not saving", exc)
                 return
-            self.last_runs = {name: _utc(at) for name, at in last_runs.items()}
-            self.first_seen = {name: _utc(at) for name, at in first_seen.items()}
+            self.last_runs = {name: as_utc(at) for name, at in last_runs.items()}
+            self.first_seen = {name: as_utc(at) for name, at in first_seen.items()}
             return
         path = self.state_path
         try:

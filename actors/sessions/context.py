@@ -351,7 +351,7 @@ class ContextActor(DispatchedActor):
             self._emit(skipped)
             self.directory.tell(msg.reply_to, skipped)
             return
-        self._start_turn(StartTurn(msg.session, msg.text, None, msg.reply_to))
+        self._start_turn(StartTurn(msg.session, msg.text, None, msg.reply_to, msg.agent))
 
     # A child's turn (SPEC 5, steps 1 to 4).
 

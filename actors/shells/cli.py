@@ -176,11 +176,13 @@ def cmd_repl(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the runtime and its scheduler until SIGTERM or SIGINT (see actors.shells.serve)."""
+    """Run the runtime and its scheduler until SIGTERM, SIGINT or SIGHUP (see
+    actors.shells.serve); a stop signal repeated while the process exits is ignored."""
     from actors.shells.serve import serve
 
     config = _config(args)
-    return serve(config, json_lines=args.json, tools=load_tools(args.tools))
+    tools = load_tools(args.tools)
+    return serve(config, json_lines=args.json, tools=tools, restore_signals=False)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -189,7 +191,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     if config.store.url is not None:  # a PostgreSQL store: read it there
         shared = open_store(config)
         try:
-            return print_sessions(shared, args)
+            return print_sessions(shared, args, config)
         finally:
             shared.close()
     home = config.home_path
@@ -203,16 +205,18 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         return 0
     # Read-only: listing works on a home this user may not write to, and changes nothing.
     with StoreReader(path) as store:
-        return print_sessions(store, args)
+        return print_sessions(store, args, config)
 
 
-def print_sessions(store: StoreBackend, args: argparse.Namespace) -> int:
+def print_sessions(
+    store: StoreBackend, args: argparse.Namespace, config: Config | None = None
+) -> int:
     """``loopd sessions`` (a table of every session, or one JSON line each with ``--json``) or
     ``loopd sessions show ID``."""
     if args.action == "show":
         if args.json:
             return show_session_json(store, args.id)
-        return show_session(store, args.id)
+        return show_session(store, args.id, config)
     infos = store.list_sessions()
     if args.json:
         for i in infos:

@@ -187,7 +187,7 @@ class Helpers:
         check_session_id(session)
         store = open_store(self.rt.config)
         try:
-            return session_view(store, session)
+            return session_view(store, session, self.rt.config)
         finally:
             store.close()
 

@@ -1,7 +1,9 @@
 """``loopd serve``: the runtime and its scheduler as a long-running process (a daemon).
 
-It runs until SIGTERM or SIGINT, then stops the runtime cleanly (running turns answered
-``CANCELLED``, the store written out) and returns 0. Every turn event is one line on stdout:
+It runs until SIGTERM, SIGINT or SIGHUP, then stops the runtime cleanly (running turns answered
+``CANCELLED``, the store written out) and returns 0. A stop signal repeated while it stops (a
+supervisor that sends SIGTERM twice, Ctrl-C pressed again) changes nothing: the stop goes on, and
+``loopd serve`` still exits 0. Every turn event is one line on stdout:
 the CLI's rendered line, or one JSON object (the event as loopd encodes it) with ``json_lines``.
 """
 
@@ -21,7 +23,14 @@ from actors.shells.render import EventPrinter, render_event
 from actors.tools.tool import PortTool
 from messages import TurnEvent
 
-__all__ = ["event_line", "serve"]
+__all__ = ["STOP_SIGNALS", "event_line", "serve"]
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
+)
+"""The signals that stop ``loopd serve`` cleanly (SIGHUP too: a closed terminal or a supervisor's
+hang-up is a stop, not a reload; there is no reload). One the process was started ignoring
+(SIGHUP under ``nohup``) stays ignored."""
 
 
 def event_line(event: TurnEvent, json_lines: bool) -> str:
@@ -71,14 +80,24 @@ def serve(
     tools: Iterable[PortTool] = (),
     stop: threading.Event | None = None,
     out: TextIO | None = None,
+    restore_signals: bool = True,
 ) -> int:
     """Run ``config``'s runtime (with its ``[[cron]]`` jobs and ``[heartbeat]``) until ``stop``
-    is set, or SIGTERM or SIGINT arrives when called on the main thread. Returns 0."""
+    is set, or one of :data:`STOP_SIGNALS` arrives when called on the main thread. Returns 0.
+
+    A stop signal while it stops only sets ``stop`` again. At the end the previous handlers are
+    put back; with ``restore_signals=False`` (``loopd serve``, whose process ends next) the stop
+    signals are ignored instead, so one that comes while the process exits cannot kill it with
+    the default action after the clean stop (Python puts the default back as it finalises a
+    handler of its own, so keeping ours would not do).
+    """
     stop = stop or threading.Event()
     writer = _LineWriter(out or sys.stdout)
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started ignoring it (``nohup``, a background job): it stays ignored
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         with Runtime.start(config, tools=tools) as rt:
@@ -89,7 +108,7 @@ def serve(
             jobs = len(config.cron) + (1 if config.heartbeat else 0)
             print(
                 f"loopd serve: running on {config.home} with {jobs} scheduled job(s); "
-                "SIGTERM or Ctrl-C stops it",
+                "SIGTERM, SIGHUP or Ctrl-C stops it",
                 file=sys.stderr,
                 flush=True,
             )
@@ -98,5 +117,5 @@ def serve(
         print("loopd serve: stopped", file=sys.stderr, flush=True)
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if restore_signals else signal.SIG_IGN)
     return 0

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from actors.core.config import Config
 from actors.core.text import escape_controls
 from actors.core.usage import SUMMARY, add_usage, format_usage, total_usage
 from actors.shells.render import table
@@ -27,6 +28,7 @@ __all__ = [
     "session_view",
     "show_session",
     "show_session_json",
+    "slot_text",
     "turn_usage",
 ]
 
@@ -52,14 +54,13 @@ class SessionView(_Pretty):
         return self.text.rstrip("\n")
 
 
-def session_view(store: StoreBackend, session: str) -> SessionView:
-    """Read ``session`` from ``store``; its text is what ``loopd sessions show`` prints."""
-    from actors.shells.views import show_session
-
+def session_view(store: StoreBackend, session: str, config: Config | None = None) -> SessionView:
+    """Read ``session`` from ``store``; its text is what ``loopd sessions show`` prints (with
+    ``config``, a session whose profile has no slots shows none, as there)."""
     check_session_id(session)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # one renderer for the CLI and the REPL
-        show_session(store, session)
+        show_session(store, session, config)
     return SessionView(
         record=store.open(session),
         children=tuple(store.children(session)),
@@ -143,7 +144,9 @@ def turn_usage(store: _Reader, session: str, *, _depth: int = 0) -> list[tuple[U
 
 def show_session_json(store: StoreBackend, session: str) -> int:
     """``loopd sessions show ID --json``: the session on the first line, then one line per
-    stored message (``seq``, ``compacted``, ``message`` in the chat-completions shape)."""
+    stored message (``seq``, ``compacted``, ``message``). The message is in loopd's own shape,
+    a :class:`~messages.ChatMessage` as msgspec encodes it (``"type": "ChatMessage"``, tool
+    calls as ``ToolCall`` with a numeric ``id``, ``usage``), not the chat-completions one."""
     record = store.open(check_session_id(session))
     head = {
         "id": record.id,
@@ -160,16 +163,31 @@ def show_session_json(store: StoreBackend, session: str) -> int:
     return 0
 
 
-def show_session(store: StoreBackend, session: str) -> int:
+def slot_text(record: SessionRecord, config: Config | None) -> str:
+    """The slot ``sessions show`` prints for ``record``: its stored slot, or ``-`` when its
+    profile's server speaks the ``openai`` backend, which has no slots (the stored number is
+    never sent). Without ``config`` (or for a profile no longer configured, ``model.backend``
+    decides) the stored slot."""
+    if config is not None:
+        backend = config.model.backend
+        with contextlib.suppress(KeyError):
+            backend = config.agent(record.agent).backend or backend
+        if backend == "openai":
+            return "-"
+    return str(record.slot)
+
+
+def show_session(store: StoreBackend, session: str, config: Config | None = None) -> int:
     """Print one stored session: its counters, children and transcript.
 
     Model and tool text is shown with control characters escaped (``\\x1b``), so a stored
-    answer cannot drive the terminal; the store is only read.
+    answer cannot drive the terminal; the store is only read. With ``config``, the slot of a
+    session whose profile has no slots (the ``openai`` backend) is ``-``.
     """
     record = store.open(check_session_id(session))
     children = store.children(session)
     print(f"session   {record.id}")
-    print(f"slot      {record.slot}")
+    print(f"slot      {slot_text(record, config)}")
     print(f"agent     {record.agent}")
     print(f"turns     {record.turns}")
     print(f"untrusted {'yes' if record.untrusted else 'no'}")
