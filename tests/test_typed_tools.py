@@ -379,3 +379,30 @@ def test_a_tool_of_a_runtime_awaits_another_loops_future_with_its_context(
 
 async def _make_future() -> asyncio.Future[str]:
     return asyncio.get_running_loop().create_future()
+
+
+def test_an_async_tool_after_the_applications_loop_closed_is_answered(loopd_config) -> None:
+    """A runtime that outlives the loop that started it answers its async tools' calls with an
+    error text, never with silence."""
+
+    @port_tool
+    async def ping() -> str:
+        """Pings."""
+        return "pong"
+
+    model = ScriptedModel(
+        lambda r: call("ping") if r.messages[-1].role == "user" else reply(r.messages[-1].content)
+    )
+
+    async def main() -> tuple[AsyncRuntime, object]:
+        rt = await AsyncRuntime.start(loopd_config, model=model, tools=[ping])
+        return rt, await rt.run_turn("s", "go", timeout=WAIT)
+
+    rt, first = asyncio.run(main())  # the loop is closed when this returns; rt runs on
+    try:
+        assert first == TurnCompleted("s", "pong")
+        assert rt.runtime.run_turn("s", "go", timeout=WAIT) == TurnCompleted(
+            "s", "Error: the tool ping failed: RuntimeError: the application's event loop is closed"
+        )
+    finally:
+        rt.runtime.stop()

@@ -165,7 +165,8 @@ class PoolWorker(pykka.ThreadingActor):
             reply = self.on_error(job, exc)
         if ticket.claim():  # not answered already (timed out)
             self.directory.tell(job.reply_to, reply)
-        self.router.tell(_WorkerIdle(self.index, ticket))
+        with contextlib.suppress(pykka.ActorDeadError):  # the pool stopped while the tool ran
+            self.router.tell(_WorkerIdle(self.index, ticket))
 
 
 def _port_key(job: Any) -> Hashable:
@@ -346,7 +347,8 @@ class PortRouter(pykka.ThreadingActor):
                 self.loop = ToolLoop() if self.app_loop is None else AppLoop(self.app_loop)
             task = self.loop.submit(guarded())
         except RuntimeError as exc:  # the application's loop is closed
-            log.warning("cannot start the async port tool: %s", exc)
+            coro.close()  # never started: close it, so Python does not warn about it
+            log.warning("cannot start the async port tool %s: %s", _name(job), exc)
             if ticket.claim():
                 self.directory.tell(job.reply_to, on_error(job, exc))
             self._done(ticket)
