@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from actors.services.pool import IdleQueue
+from actors.shells.render import render_event
 from actors.testing import Probe, ScriptedModel
 from actors.testing.script import call, reply
 from actors.tools.loader import load_tools
@@ -254,6 +255,9 @@ def test_workers_stuck_past_port_timeout_are_replaced_so_later_calls_still_run(
             ("s", 1, "stuck", 1),
             ("s", 2, "stuck", 2),
         ]
+        assert render_event(lost[0]).endswith(
+            "s    call 1 stuck did not stop: worker replaced (1 stuck)"
+        )
         release.set()  # both abandoned threads return now, and are stopped
         assert came_back.seen.wait(WAIT)
     finally:

@@ -338,6 +338,7 @@ class PortRouter(pykka.ThreadingActor):
             except concurrent.futures.CancelledError:  # cancelled, timed out or stopping
                 reply = on_error(job, RuntimeError("it was cancelled"))
             except BaseException as exc:  # GeneratorExit too: answered all the same
+                log.warning("async port job %s failed", _name(job), exc_info=exc)
                 reply = on_error(job, exc)
             with contextlib.suppress(pykka.ActorDeadError):  # a stopped pool: nobody waits
                 router.tell(_AsyncDone(ticket, reply))

@@ -88,6 +88,8 @@ async def await_future(future: asyncio.Future[T] | concurrent.futures.Future[T])
     :meth:`ToolContext.await_future`)."""
     if isinstance(future, concurrent.futures.Future):
         return await asyncio.wrap_future(future)
+    if future.done():  # settled already: its loop need not run (or even be open) any more
+        return future.result()
     here = asyncio.get_running_loop()
     there = future.get_loop()
     if there is here:
