@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import re
 import typing
 from collections.abc import Callable
@@ -48,8 +47,6 @@ __all__ = [
     "takes_arguments_dict",
     "typed_tool",
 ]
-
-log = logging.getLogger(__name__)
 
 _SECTION = re.compile(
     r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Example|Examples):\s*$"
