@@ -13,17 +13,20 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.services.pool import IdleQueue
+from actors.dispatcher.directory import Directory
+from actors.services.pool import IdleQueue, PortRouter
 from actors.shells.render import render_event
 from actors.testing import Probe, ScriptedModel
 from actors.testing.script import call, reply
 from actors.tools.loader import load_tools
-from actors.tools.tool import PortTool, ToolContext
+from actors.tools.tool import PortTool, ToolContext, port_error
 from actors.tools.typed import port_tool
 from messages import (
     FailReason,
     ModelRequest,
+    PortCall,
     ToolCallFinished,
+    ToolDone,
     ToolResult,
     ToolSpec,
     ToolWorkerLost,
@@ -373,3 +376,35 @@ def test_a_tools_module_that_breaks_while_loading_is_named_and_the_path_restored
     with pytest.raises(ValueError, match="cannot import broken_tool: SyntaxError"):
         load_tools(["broken_tool:TOOLS"])
     assert sys.path == before
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["worker", "async-job"])
+def test_a_port_handler_that_exits_is_answered_and_the_pool_goes_on(probe, sync: bool) -> None:
+    """Below the tools, the pool itself: a handler (or async job) that raises ``SystemExit``
+    is answered with the error text, and the pool keeps serving."""
+    directory = Directory()
+    answers = probe(directory)
+
+    def handler(job: PortCall, ticket: Any) -> ToolDone:
+        if job.arguments == "exit":
+            raise SystemExit(3)
+        return ToolDone(job.session, ToolResult(job.call_id, "fine"))
+
+    async def run_async(job: PortCall, ticket: Any) -> ToolDone:
+        return handler(job, ticket)
+
+    router = PortRouter.start(
+        1,
+        handler if sync else (lambda job, ticket: None),
+        port_error,
+        directory,
+        async_job=None if sync else (lambda job, ticket: run_async(job, ticket)),
+    )
+    try:
+        for call_id, arguments in ((1, "exit"), (2, "{}")):
+            router.tell(PortCall("s", call_id, "x", arguments, answers.address))
+        first, second = (answers.expect(ToolDone, timeout=WAIT) for _ in range(2))
+        assert first.result == ToolResult(1, "Error: the tool x failed: SystemExit: 3")
+        assert second.result == ToolResult(2, "fine")
+    finally:
+        router.stop()
