@@ -18,6 +18,7 @@ from typing import Any
 from actors.core.config import Config
 from actors.models.base import ChatModel
 from actors.runtime import Runtime
+from actors.services.tool_loop import tools_on
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool
 from actors.tracing.base import Tracer
@@ -204,7 +205,9 @@ class AsyncStart:
         self._runtime: AsyncRuntime | None = None
 
     async def _run(self) -> AsyncRuntime:
-        runtime = await asyncio.to_thread(self._start)
+        # The port runs async def tools on this loop, where the app's futures live.
+        with tools_on(asyncio.get_running_loop()):
+            runtime = await asyncio.to_thread(self._start)
         return AsyncRuntime(runtime)
 
     def __await__(self) -> Generator[Any, None, AsyncRuntime]:

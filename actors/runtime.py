@@ -34,12 +34,20 @@ from actors.services.model_service import ModelService
 from actors.services.pool import PortRouter
 from actors.services.scheduler import SCHEDULER, STATE_NAME, SchedulerActor
 from actors.services.store import StoreActor
+from actors.services.tool_loop import app_loop
 from actors.sessions.context import ContextActor
 from actors.sessions.session import SessionEnv
 from actors.stores.lock import HomeLock
 from actors.stores.memory import MemorySource, default_memory
 from actors.stores.open import open_store, shared_memory, shared_schedule
-from actors.tools.tool import PortTool, port_async_job, port_error, port_handler, port_timeout
+from actors.tools.tool import (
+    PortTool,
+    port_async_job,
+    port_error,
+    port_handler,
+    port_lost,
+    port_timeout,
+)
 from actors.tracing.base import NoTracer, Tracer
 from messages import (
     CancelTurn,
@@ -322,6 +330,8 @@ class Runtime:
                 timeout_s=config.port.timeout_s,
                 on_timeout=port_timeout,
                 async_job=port_async_job(tools),
+                on_lost=port_lost,
+                app_loop=app_loop(),  # AsyncRuntime's loop, or None: the port's own
             )
             directory.register(EVENTS, EventSink(refs[EVENTS], subscribers))
             for address in (STORE, PORT):

@@ -23,6 +23,7 @@ __all__ = [
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolWorkerLost",
     "TurnEnded",
     "TurnEvent",
     "TurnStarted",
@@ -96,6 +97,18 @@ class ToolCallFinished(_Event, frozen=True):
     call_id: CallId
     name: str
     denied: bool = False
+
+
+class ToolWorkerLost(_Event, frozen=True):
+    """The port replaced a worker: the tool ``name``, running ``session``'s call ``call_id``,
+    was told to stop (the call outlived ``port.timeout_s``, or its turn was cancelled) and did
+    not return. Its thread is abandoned and a new worker took its place; ``stuck`` counts the
+    runtime's abandoned tool threads that have not returned yet."""
+
+    session: SessionId
+    call_id: CallId
+    name: str
+    stuck: int
 
 
 class SubagentStarted(_Event, frozen=True):
@@ -173,6 +186,7 @@ TurnEvent = (
     | TextDelta
     | ToolCallStarted
     | ToolCallFinished
+    | ToolWorkerLost
     | SubagentStarted
     | SubagentFinished
     | TurnEnded

@@ -58,6 +58,7 @@ from messages import (
     ToolDone,
     ToolResult,
     ToolSpec,
+    ToolWorkerLost,
     TurnCompleted,
     TurnEnded,
     TurnFailed,
@@ -242,6 +243,9 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         session="mm-thread", call_id=2, name="clock", denied=True, at=AT
     ),
     ToolCallStarted: lambda: ToolCallStarted(session="mm-thread", call_id=2, name="clock", at=AT),
+    ToolWorkerLost: lambda: ToolWorkerLost(
+        session="mm-thread", call_id=2, name="clock", stuck=1, at=AT
+    ),
     ToolDone: lambda: ToolDone(session="mm-thread", result=RESULT),
     ToolResult: lambda: RESULT,
     ToolSpec: lambda: SPEC,

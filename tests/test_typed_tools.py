@@ -9,10 +9,11 @@ import threading
 import msgspec
 import pytest
 
-from actors import ToolContext, ToolOutput, port_tool
+from actors import PortTool, ToolContext, ToolOutput, port_tool
+from actors.aio import AsyncRuntime
 from actors.dispatcher.directory import session_address
 from actors.testing import ScriptedModel, call, calls, reply
-from messages import DataClass, Inspect, ModelRequest, TurnCompleted
+from messages import DataClass, Inspect, ModelRequest, ToolSpec, TurnCompleted
 
 WAIT = 10.0
 
@@ -267,3 +268,141 @@ def test_cancelling_the_turn_cancels_its_async_tool(loopd_runtime) -> None:
     assert started.wait(WAIT)
     assert rt.cancel("s") == ("s",)
     assert cancelled.wait(WAIT)
+
+
+def test_an_async_def_given_a_hand_written_schema_runs_as_an_async_tool(loopd_runtime) -> None:
+    """``port_tool(name, description, schema)`` on an ``async def`` used to be accepted and
+    fail at every call ("it returned coroutine, not text"): it runs on the port's loop now."""
+    seen: list[tuple[str, int]] = []
+
+    @port_tool("lookup", "Look a term up.", {"type": "object", "properties": {"term": {}}})
+    async def lookup(args, ctx: ToolContext) -> str:
+        seen.append((threading.current_thread().name, ctx.call_id))
+        await asyncio.sleep(0)
+        return f"{args['term']}: found"
+
+    assert lookup.is_async
+    model = ScriptedModel([call("lookup", term="actors"), reply("ok")])
+    rt = loopd_runtime(model=model, tools=[lookup])
+    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted("s", "ok")
+    assert tool_texts(model.requests[1]) == ["actors: found"]
+    assert seen == [("loopd-tools", 1)]
+
+
+def test_an_object_with_an_async_call_is_an_async_tool_and_a_stray_coroutine_is_named(
+    loopd_runtime,
+) -> None:
+    class Fetcher:
+        async def __call__(self, args) -> str:
+            return "fetched"
+
+    def sneaky(args):  # not async def, yet returns a coroutine
+        return Fetcher()(args)
+
+    fetch = PortTool(ToolSpec("fetch", "Fetch.", {}), Fetcher())
+    stray = PortTool(ToolSpec("stray", "Stray.", {}), sneaky)
+    assert fetch.is_async and not stray.is_async
+    model = ScriptedModel([call("fetch"), call("stray"), reply("ok")])
+    rt = loopd_runtime(model=model, tools=[fetch, stray])
+    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted("s", "ok")
+    assert tool_texts(model.requests[2]) == [
+        "fetched",
+        "Error: the tool stray failed: TypeError: it returned coroutine, not text (its "
+        "function is not `async def`, so loopd did not await it)",
+    ]
+
+
+# --- the application's loop (issue 19, B9) ---------------------------------------------------
+
+
+def test_with_async_runtime_async_tools_run_on_the_applications_loop(loopd_config) -> None:
+    """An app's future, resolved on the app's loop, wakes the tool that awaits it: with
+    ``AsyncRuntime`` the tool runs on that loop (it used to run on loopd's own)."""
+    started = threading.Event()
+
+    async def main() -> tuple[object, list[str], set[str]]:
+        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        threads: set[str] = set()
+
+        @port_tool
+        async def wait_ready() -> str:
+            """Waits for the app to be ready."""
+            threads.add(threading.current_thread().name)
+            started.set()
+            return await ready
+
+        model = ScriptedModel([call("wait_ready"), reply("ok")])
+        async with AsyncRuntime.start(loopd_config, model=model, tools=[wait_ready]) as rt:
+            turn = asyncio.create_task(rt.run_turn("s", "go", timeout=WAIT))
+            assert await asyncio.to_thread(started.wait, WAIT)
+            ready.set_result("ready!")
+            outcome = await asyncio.wait_for(turn, WAIT)
+        return outcome, tool_texts(model.requests[1]), threads
+
+    outcome, texts, threads = asyncio.run(main())
+    assert outcome == TurnCompleted("s", "ok")
+    assert texts == ["ready!"]
+    assert threads == {threading.current_thread().name}  # the loop's, asyncio.run's thread
+
+
+def test_a_tool_of_a_runtime_awaits_another_loops_future_with_its_context(
+    loopd_runtime, probe
+) -> None:
+    """With the thread-side ``Runtime``, async tools run on the port's loop; the app's loop
+    lives in another thread, and ``ctx.await_future`` waits for its futures safely."""
+    app = asyncio.new_event_loop()
+    thread = threading.Thread(target=app.run_forever, daemon=True)
+    thread.start()
+    try:
+        made = asyncio.run_coroutine_threadsafe(_make_future(), app).result(WAIT)
+        started = threading.Event()
+
+        @port_tool
+        async def wait_app(ctx: ToolContext) -> str:
+            """Waits for the app."""
+            started.set()
+            return await ctx.await_future(made)
+
+        model = ScriptedModel([call("wait_app"), reply("ok")])
+        rt = loopd_runtime(model=model, tools=[wait_app])
+        answers = probe(rt.directory)
+        rt.send_turn("s", "go", reply_to=answers.address)
+        assert started.wait(WAIT)
+        app.call_soon_threadsafe(made.set_result, "from the app")
+        assert answers.expect(TurnCompleted, timeout=WAIT) == TurnCompleted("s", "ok")
+        assert tool_texts(model.requests[1]) == ["from the app"]
+    finally:
+        app.call_soon_threadsafe(app.stop)
+        thread.join(WAIT)
+        app.close()
+
+
+async def _make_future() -> asyncio.Future[str]:
+    return asyncio.get_running_loop().create_future()
+
+
+def test_an_async_tool_after_the_applications_loop_closed_is_answered(loopd_config) -> None:
+    """A runtime that outlives the loop that started it answers its async tools' calls with an
+    error text, never with silence."""
+
+    @port_tool
+    async def ping() -> str:
+        """Pings."""
+        return "pong"
+
+    model = ScriptedModel(
+        lambda r: call("ping") if r.messages[-1].role == "user" else reply(r.messages[-1].content)
+    )
+
+    async def main() -> tuple[AsyncRuntime, object]:
+        rt = await AsyncRuntime.start(loopd_config, model=model, tools=[ping])
+        return rt, await rt.run_turn("s", "go", timeout=WAIT)
+
+    rt, first = asyncio.run(main())  # the loop is closed when this returns; rt runs on
+    try:
+        assert first == TurnCompleted("s", "pong")
+        assert rt.runtime.run_turn("s", "go", timeout=WAIT) == TurnCompleted(
+            "s", "Error: the tool ping failed: RuntimeError: the application's event loop is closed"
+        )
+    finally:
+        rt.runtime.stop()

@@ -1,8 +1,9 @@
 """The service plane: the actors that own a resource and serve the sessions by message.
 
 ``store`` (the one writer of the session store), ``model_service`` (every model request a task
-of one asyncio loop), ``pool`` (the port tools' workers) with ``tool_loop`` (its event loop for
-``async def`` tools), ``events`` (the event bus) and ``scheduler`` (cron jobs and the heartbeat).
+of one asyncio loop), ``pool`` (the port tools' workers) with ``tool_loop`` (the event loop of
+``async def`` tools: its own, or the application's), ``events`` (the event bus) and
+``scheduler`` (cron jobs and the heartbeat).
 
 Imports: ``core``, ``dispatcher``, the adapters (``models``, ``stores``, ``tools``) and
 ``messages``; never ``actors.sessions``.

@@ -20,6 +20,7 @@ from messages import (
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolWorkerLost,
     TurnEnded,
     TurnEvent,
     TurnStarted,
@@ -66,6 +67,8 @@ def _describe(event: TurnEvent) -> str:
             return f"  call {call_id} {name} …"
         case ToolCallFinished(call_id=call_id, name=name, denied=denied):
             return f"  call {call_id} {name} {'denied' if denied else 'done'}"
+        case ToolWorkerLost(call_id=call_id, name=name, stuck=stuck):
+            return f"  call {call_id} {name} did not stop: worker replaced ({stuck} stuck)"
         case SubagentStarted(child=child, call_id=call_id):
             return f"┬ spawns {child} for call {call_id}"
         case SubagentFinished(child=child, completed=completed, reason=reason):

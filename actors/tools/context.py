@@ -3,13 +3,18 @@ call travels with through the port pool (:class:`Ticket`: its deadline and cance
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Ticket", "ToolContext"]
+__all__ = ["Ticket", "ToolContext", "await_future"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,17 @@ class ToolContext:
         """Seconds left before the deadline (never negative), or None without one."""
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
+    async def await_future(self, future: asyncio.Future[T] | concurrent.futures.Future[T]) -> T:
+        """Wait for ``future`` from an ``async def`` tool, whichever loop or thread resolves it.
+
+        An ``asyncio.Future`` belongs to the loop that made it, and awaiting it from another
+        loop fails; a tool of a :class:`~actors.Runtime` runs on the port's own loop, not the
+        application's. This waits for a future of any loop (or a ``concurrent.futures.Future``)
+        and returns its result, or raises its exception. Cancelling the tool stops the wait,
+        not the future: it belongs to whoever made it.
+        """
+        return await await_future(future)
+
 
 @dataclass
 class Ticket:
@@ -65,3 +81,35 @@ class Ticket:
                 return False
             self._answered = True
             return True
+
+
+async def await_future(future: asyncio.Future[T] | concurrent.futures.Future[T]) -> T:
+    """Await ``future`` on the running loop, whatever loop it belongs to (see
+    :meth:`ToolContext.await_future`)."""
+    if isinstance(future, concurrent.futures.Future):
+        return await asyncio.wrap_future(future)
+    if future.done():  # settled already: its loop need not run (or even be open) any more
+        return future.result()
+    here = asyncio.get_running_loop()
+    there = future.get_loop()
+    if there is here:
+        return await future
+    mine: asyncio.Future[T] = here.create_future()
+
+    def settle(done: asyncio.Future[T]) -> None:  # on this loop: copy the outcome over
+        if mine.done():
+            return  # the waiter gave up
+        if done.cancelled():
+            mine.cancel()
+        elif (exc := done.exception()) is not None:
+            mine.set_exception(exc)
+        else:
+            mine.set_result(done.result())
+
+    def copy(done: asyncio.Future[T]) -> None:  # on the future's loop, when it is done
+        with contextlib.suppress(RuntimeError):  # this loop closed: nobody waits any more
+            here.call_soon_threadsafe(settle, done)
+
+    # asyncio futures are not thread-safe: add the callback on the future's own loop.
+    there.call_soon_threadsafe(future.add_done_callback, copy)
+    return await mine

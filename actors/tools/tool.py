@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import typing
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.core.dispatch import ArgumentError, parse_json_object
 from actors.tools.context import Ticket, ToolContext
-from messages import DataClass, DenyReason, PortCall, ToolDone, ToolResult, ToolSpec, denial_message
+from messages import (
+    DataClass,
+    DenyReason,
+    PortCall,
+    ToolDone,
+    ToolResult,
+    ToolSpec,
+    ToolWorkerLost,
+    denial_message,
+)
 
 __all__ = [
     "PortTool",
     "ToolContext",
     "ToolOutput",
+    "failure_text",
+    "is_async_callable",
     "port_async_job",
     "port_error",
     "port_handler",
+    "port_lost",
     "port_timeout",
 ]
 
@@ -43,6 +56,41 @@ def _context_parameter(fn: Callable[..., Any]) -> str | None:
     return None
 
 
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """True for an ``async def`` function, a ``functools.partial`` of one, or an object whose
+    ``__call__`` is ``async def``: the port awaits what it returns on an event loop."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if inspect.isfunction(fn) or inspect.ismethod(fn) or isinstance(fn, type):
+        return False
+    for base in type(fn).__mro__:  # an object: Python calls the first __call__ of its class
+        if "__call__" in vars(base):
+            return inspect.iscoroutinefunction(vars(base)["__call__"])
+    return False
+
+
+def failure_text(name: str, exc: BaseException) -> str:
+    """The call's text when tool ``name`` raised ``exc`` (any exception: ``SystemExit`` and
+    ``KeyboardInterrupt`` from a tool are its failure, never the runtime's)."""
+    try:
+        said = str(exc)
+    except Exception:  # a hostile __str__ must not lose the answer
+        said = "(its message could not be read)"
+    detail = f": {said}" if said else ""
+    return f"Error: the tool {name} failed: {type(exc).__name__}{detail}"
+
+
+def _not_text(out: object) -> TypeError:
+    if inspect.isawaitable(out):
+        if inspect.iscoroutine(out):
+            out.close()  # never awaited: close it, so Python does not warn about it later
+        return TypeError(
+            f"it returned {type(out).__name__}, not text (its function is not `async def`, "
+            "so loopd did not await it)"
+        )
+    return TypeError(f"it returned {type(out).__name__}, not text")
+
+
 @dataclass(frozen=True)
 class ToolOutput:
     """What a tool function may return instead of plain text, to mark its data."""
@@ -58,19 +106,28 @@ class PortTool:
 
     ``fn`` gets the call's arguments as a dict (a non-object is denied before it runs) and returns
     text or a :class:`ToolOutput`; a parameter annotated :class:`ToolContext` gets the call's
-    context (its cancel signal, its deadline). ``untrusted`` marks every result as untrusted
+    context (its cancel signal, its deadline). An ``async def`` ``fn`` is awaited on the
+    port's event loop, as a typed async tool is. ``untrusted`` marks every result as untrusted
     data (web pages, mail, anything a third party wrote): the calling session becomes untrusted.
     """
 
     spec: ToolSpec
-    fn: Callable[..., str | ToolOutput]
+    fn: Callable[..., str | ToolOutput | Awaitable[str | ToolOutput]]
     data_class: DataClass = DataClass.PUBLIC
     untrusted: bool = False
     _context: str | None = field(init=False, repr=False, compare=False, default=None)
+    _async: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
-        # Looked up once: the name of fn's ToolContext parameter, if it has one.
+        # Looked up once: the name of fn's ToolContext parameter, if it has one, and whether
+        # fn is a coroutine function (the port then runs it on its event loop).
         object.__setattr__(self, "_context", _context_parameter(self.fn))
+        object.__setattr__(self, "_async", is_async_callable(self.fn))
+
+    @property
+    def is_async(self) -> bool:
+        """True for an ``async def`` tool: the port runs it as a task, never on a worker."""
+        return self._async
 
     @property
     def name(self) -> str:
@@ -78,7 +135,15 @@ class PortTool:
         return self.spec.name
 
     def run(self, call_id: int, arguments: str, context: ToolContext | None = None) -> ToolResult:
-        """Run the tool for call ``call_id``; every failure becomes the call's result text."""
+        """Run the tool for call ``call_id``; every failure becomes the call's result text.
+
+        Any exception the function raises is its failure, ``SystemExit`` (``sys.exit``,
+        argparse), ``KeyboardInterrupt`` and ``GeneratorExit`` included: it never reaches the
+        worker, so it can never stop the runtime. An ``async def`` tool called here (outside
+        the port) runs on a loop of its own until it is done.
+        """
+        if self.is_async:
+            return asyncio.run(self.run_async(call_id, arguments, context))
         try:
             args = parse_json_object(arguments)
         except ArgumentError as exc:
@@ -89,16 +154,46 @@ class PortTool:
                 out = self.fn(args)
             else:
                 out = self.fn(args, **{self._context: context or ToolContext("", call_id)})
-            text = out.text if isinstance(out, ToolOutput) else out
-            if not isinstance(text, str):
-                raise TypeError(f"it returned {type(text).__name__}, not text")
-        except Exception as exc:
-            log.warning("port tool %s failed", self.name, exc_info=True)
-            text = f"Error: the tool {self.name} failed: {type(exc).__name__}: {exc}"
+        except BaseException as exc:  # see the docstring: a tool's exit is its own failure
+            return self.failure(call_id, exc)
+        return self.result(call_id, out)
+
+    async def run_async(
+        self, call_id: int, arguments: str, context: ToolContext | None = None
+    ) -> ToolResult:
+        """As :meth:`run`, for an ``async def`` function, on the port's event loop (the port
+        cancels the task when the call is cancelled or outlives ``port.timeout_s``)."""
+        try:
+            args = parse_json_object(arguments)
+        except ArgumentError as exc:
+            text = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
             return ToolResult(call_id, text, self.data_class, self.untrusted)
+        fn: Callable[..., Any] = self.fn
+        try:
+            if self._context is None:
+                out = await fn(args)
+            else:
+                out = await fn(args, **{self._context: context or ToolContext("", call_id)})
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # GeneratorExit is not caught here: it is also how Python closes this coroutine.
+            # The port's router answers a tool's own GeneratorExit with the same text.
+            return self.failure(call_id, exc)
+        return self.result(call_id, out)
+
+    def result(self, call_id: int, out: object) -> ToolResult:
+        """The call's result from what the function returned: text or a :class:`ToolOutput`
+        whose text is text; anything else is the tool's failure."""
+        text = out.text if isinstance(out, ToolOutput) else out
+        if not isinstance(text, str):
+            return self.failure(call_id, _not_text(text))
         if isinstance(out, ToolOutput):
             return ToolResult(call_id, text, out.data_class, out.untrusted or self.untrusted)
         return ToolResult(call_id, text, self.data_class, self.untrusted)
+
+    def failure(self, call_id: int, exc: BaseException) -> ToolResult:
+        """The call's result when the function raised (logged with its traceback)."""
+        log.warning("port tool %s failed", self.name, exc_info=exc)
+        return ToolResult(call_id, failure_text(self.name, exc), self.data_class, self.untrusted)
 
 
 def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall, Ticket], ToolDone]:
@@ -128,13 +223,13 @@ def port_async_job(
 ) -> Callable[[PortCall, Ticket], Coroutine[Any, Any, ToolDone] | None]:
     """For the port's router: the coroutine that runs an ``async def`` tool's call on the
     port's event loop, or None for a call a worker thread runs."""
-    by_name = {tool.name: tool for tool in tools if getattr(tool, "is_async", False)}
+    by_name = {tool.name: tool for tool in tools if tool.is_async}
 
     def job(call: PortCall, ticket: Ticket) -> Coroutine[Any, Any, ToolDone] | None:
         tool = by_name.get(call.name)
         if tool is None:
             return None
-        run_async = tool.run_async  # type: ignore[attr-defined]
+        run_async = tool.run_async
         context = _context(call, ticket)
 
         async def run() -> ToolDone:
@@ -154,7 +249,12 @@ def port_timeout(call: PortCall, timeout_s: float) -> ToolDone:
     return ToolDone(call.session, ToolResult(call.call_id, text))
 
 
-def port_error(call: PortCall, exc: Exception) -> ToolDone:
+def port_error(call: PortCall, exc: BaseException) -> ToolDone:
     """The port's answer to a call whose handling failed anyway."""
-    text = f"Error: the tool {call.name} failed: {type(exc).__name__}: {exc}"
-    return ToolDone(call.session, ToolResult(call.call_id, text))
+    return ToolDone(call.session, ToolResult(call.call_id, failure_text(call.name, exc)))
+
+
+def port_lost(call: PortCall, stuck: int) -> ToolWorkerLost:
+    """The event of a port worker replaced because ``call``'s tool did not return after it was
+    told to stop; ``stuck`` counts the runtime's abandoned tool threads now."""
+    return ToolWorkerLost(session=call.session, call_id=call.call_id, name=call.name, stuck=stuck)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import re
 import typing
 from collections.abc import Callable
@@ -35,7 +34,7 @@ import msgspec
 
 from actors.core.dispatch import ArgumentError, parse_json_object
 from actors.tools.context import ToolContext
-from actors.tools.tool import PortTool, ToolOutput
+from actors.tools.tool import PortTool, ToolOutput, is_async_callable
 from messages import DataClass, DenyReason, ToolResult, ToolSpec, denial_message
 
 __all__ = [
@@ -48,8 +47,6 @@ __all__ = [
     "takes_arguments_dict",
     "typed_tool",
 ]
-
-log = logging.getLogger(__name__)
 
 _SECTION = re.compile(
     r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Example|Examples):\s*$"
@@ -165,7 +162,7 @@ def shape_of(
         arguments=arguments,
         schema=schema,
         context_parameter=context_parameter,
-        is_async=inspect.iscoroutinefunction(fn),
+        is_async=is_async_callable(fn),
     )
 
 
@@ -245,7 +242,8 @@ class TypedTool(PortTool):
     shape: ToolShape | None = None
 
     def run(self, call_id: int, arguments: str, context: ToolContext | None = None) -> ToolResult:
-        """Check the arguments, then call the function; every failure becomes the call's text."""
+        """Check the arguments, then call the function; every failure becomes the call's text
+        (``SystemExit`` and the like included, as for any :class:`PortTool`)."""
         assert self.shape is not None
         if self.shape.is_async:  # called outside the port (the port runs it on its loop)
             return asyncio.run(self.run_async(call_id, arguments, context))
@@ -258,9 +256,9 @@ class TypedTool(PortTool):
         try:
             fn: Callable[..., Any] = self.fn
             out = fn(**kwargs)
-            return self.result(call_id, out)
-        except Exception as exc:
+        except BaseException as exc:  # a tool's sys.exit() is its failure, not the runtime's
             return self.failure(call_id, exc)
+        return self.result(call_id, out)
 
     async def run_async(
         self, call_id: int, arguments: str, context: ToolContext | None = None
@@ -277,25 +275,25 @@ class TypedTool(PortTool):
             kwargs[self.shape.context_parameter] = context
         fn: Callable[..., Any] = self.fn
         try:
-            return self.result(call_id, await fn(**kwargs))
-        except Exception as exc:
+            out = await fn(**kwargs)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # GeneratorExit passes: it is also how Python closes this coroutine (the router
+            # answers a tool's own GeneratorExit with the same text).
             return self.failure(call_id, exc)
+        return self.result(call_id, out)
 
-    @property
-    def is_async(self) -> bool:
-        """True for an ``async def`` tool."""
-        return self.shape is not None and self.shape.is_async
-
-    def result(self, call_id: int, out: Any) -> ToolResult:
+    def result(self, call_id: int, out: object) -> ToolResult:
         """The call's result from what the function returned."""
         if isinstance(out, ToolOutput):
+            if not isinstance(out.text, str):
+                return self.failure(
+                    call_id, TypeError(f"it returned {type(out.text).__name__}, not text")
+                )
             return ToolResult(call_id, out.text, out.data_class, out.untrusted or self.untrusted)
-        return ToolResult(call_id, result_text(out), self.data_class, self.untrusted)
-
-    def failure(self, call_id: int, exc: BaseException) -> ToolResult:
-        """The call's result when the function raised."""
-        log.warning("port tool %s failed", self.name, exc_info=exc)
-        text = f"Error: the tool {self.name} failed: {type(exc).__name__}: {exc}"
+        try:
+            text = result_text(out)
+        except Exception as exc:  # a value msgspec cannot write as JSON
+            return self.failure(call_id, exc)
         return ToolResult(call_id, text, self.data_class, self.untrusted)
 
 
