@@ -28,17 +28,11 @@ from actors.cluster.routing import shard_of
 from actors.cluster.shard import Shard
 from actors.core.config import Config
 from actors.dispatcher.directory import Directory
-from actors.runtime import Runtime
+from actors.runtime import Runtime, check_turn
 from actors.services.events import Subscribers
 from actors.stores.open import open_store
 from actors.tools.tool import PortTool
-from messages import (
-    FailReason,
-    TurnEvent,
-    TurnFailed,
-    TurnOutcome,
-    check_session_id,
-)
+from messages import FailReason, TurnEvent, TurnFailed, TurnOutcome
 
 __all__ = ["ClusterRuntime", "ShardStartError"]
 
@@ -192,11 +186,6 @@ class ClusterRuntime(Runtime):
         """Call ``fn(event)`` for every turn event of every shard; returns an unsubscribe."""
         return self._subscribers.add(fn)
 
-    def _check(self, session: str) -> None:
-        check_session_id(session)
-        if self._stopped:
-            raise RuntimeError("this runtime is stopped")
-
     def run_turn(
         self,
         session: str,
@@ -208,14 +197,19 @@ class ClusterRuntime(Runtime):
     ) -> TurnOutcome:
         """Run one turn of ``session`` on its shard and return how it ended.
 
-        A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises
-        ``ValueError`` for an invalid id, an ``agent`` the config has no profile of or one that
-        is not the stored session's, and ``TimeoutError`` after ``timeout`` (it goes on).
+        A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises what
+        :meth:`Runtime.run_turn <actors.runtime.Runtime.run_turn>` raises, before any shard is
+        called (the same checks: :func:`~actors.runtime.check_turn`), and ``TimeoutError``
+        after ``timeout`` (the turn goes on).
         """
-        self._check(session)
-        self._check_agent(agent)
+        start = check_turn(
+            self.config, session, text, timeout=timeout, speaker=speaker, agent=agent
+        )
+        self._check_open()
         index = self.shard_of(session)
-        ref = self._shard(index).run_turn.remote(session, text, speaker, timeout, agent)
+        ref = self._shard(index).run_turn.remote(
+            session, start.text, start.speaker, timeout, start.agent
+        )
         ray = _ray()
         try:
             data = ray.get(ref, timeout=timeout)
@@ -256,11 +250,16 @@ class ClusterRuntime(Runtime):
         reply_to: str | None = None,
         agent: str | None = None,
     ) -> None:
-        """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`."""
-        self._check(session)
-        self._check_agent(agent)
+        """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`.
+
+        Raises as :meth:`run_turn` does, before any shard is called.
+        """
+        start = check_turn(self.config, session, text, speaker=speaker, agent=agent)
+        self._check_open()
         index = self.shard_of(session)
-        ref = self._shard(index).run_turn.remote(session, text, speaker, None, agent)
+        ref = self._shard(index).run_turn.remote(
+            session, start.text, start.speaker, None, start.agent
+        )
         if reply_to is None:
             return
 
@@ -278,7 +277,7 @@ class ClusterRuntime(Runtime):
 
     def cancel(self, session: str, timeout: float = 10.0) -> tuple[str, ...]:
         """Cancel ``session``'s running turn and its children on their shard; the ids."""
-        self._check(session)
+        self._check_cancel(session, timeout)
         ray = _ray()
         ref = self._shard(self.shard_of(session)).cancel.remote(session, timeout)
         return tuple(ray.get(ref, timeout=timeout + 5.0))
