@@ -21,7 +21,7 @@ from actors.core.config import AgentConfig
 from actors.models.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
-from actors.testing.script_file import first_user_text, load_script
+from actors.testing.script_file import FileScript, first_user_text, load_script
 from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed
 
 
@@ -502,7 +502,7 @@ def test_a_conversations_answers_go_in_order_and_then_run_out(tmp_path) -> None:
         assert oslo["choices"][0]["message"]["content"] == "Snow, -3 C."
         assert oslo["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
         again = ask(server, "weather in Oslo, again")
-        assert again.status_code == 500 and "ran out after 1" in again.text
+        assert again.status_code == 500 and "ran out of answers after 1" in again.text
         first = ask(server, "anything else").json()  # no conversation: the answers in order
         assert first["choices"][0]["message"]["tool_calls"][1]["function"] == {
             "name": "subagent",
@@ -512,9 +512,8 @@ def test_a_conversations_answers_go_in_order_and_then_run_out(tmp_path) -> None:
         rome = ask(server, "weather in Rome").json()
         assert rome["choices"][0]["message"]["content"] == "Sun, 21 C."
     (error,) = server.errors
-    assert (
-        error
-        == "request 2 has no answer: the conversation 'weather in Oslo' ran out after 1 answer(s)"
+    assert error == (
+        "request 2 has no answer: the script of 'weather in Oslo' ran out of answers after 1"
     )
 
 
@@ -559,11 +558,25 @@ def test_a_script_file_answer_is_refused_with_its_place(tmp_path, item, says) ->
     assert says in str(refused.value)
 
 
-def test_a_conversation_key_must_not_be_empty(tmp_path) -> None:
+def test_a_conversation_key_must_not_be_empty_nor_given_twice(tmp_path) -> None:
     script = tmp_path / "bad.json"
     script.write_text(json.dumps({"conversations": [{"first_user_contains": "", "answers": []}]}))
     with pytest.raises(ValueError, match=r"at `\$.conversations\[0\].first_user_contains`"):
         load_script(script)
+    twice = [{"first_user_contains": "a", "answers": []}] * 2
+    script.write_text(json.dumps({"conversations": twice}))
+    with pytest.raises(
+        ValueError, match=r"'a' is the text of an earlier .* `\$.conversations\[1\]`"
+    ):
+        load_script(script)
+
+
+def test_the_answers_in_order_say_so_when_they_run_out() -> None:
+    script = FileScript([reply("only")], [("Oslo", [])])
+    body = {"messages": [{"role": "user", "content": "what now?"}]}
+    assert script(body) == reply("only")
+    with pytest.raises(LookupError, match=r"answers in order ran out after 1 .*'what now\?'"):
+        script(body)
 
 
 def test_the_log_has_a_line_for_each_request_as_it_arrives(tmp_path) -> None:

@@ -42,13 +42,12 @@ recorded in the server's errors.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
-from actors.testing.script import Answer, reply
+from actors.testing.script import Answer, ScriptBook, reply
 from messages import ProposedCall, Usage
 
 __all__ = ["FileScript", "first_user_text", "load_script"]
@@ -125,24 +124,27 @@ class FileScript:
     """A script file's answers as a chat server script: a function of the request body.
 
     ``in_order`` answers any request no conversation claims; ``conversations`` pairs each
-    ``first_user_contains`` text with its own answers. Each list is used in order; a list that
-    ran out raises ``LookupError`` saying whose (the server answers that request HTTP 500).
+    ``first_user_contains`` text with its own answers. Each list is used in order (a
+    :class:`~actors.testing.script.ScriptBook` keeps their places); a list that ran out
+    raises ``LookupError`` saying whose (the server answers that request HTTP 500).
     """
 
     def __init__(
         self, in_order: list[Answer], conversations: list[tuple[str, list[Answer]]]
     ) -> None:
-        """Answer from ``in_order`` and ``conversations`` (matched in the order given)."""
+        """Answer from ``in_order`` and ``conversations`` (matched in the order given; their
+        texts are not empty and differ)."""
         self.in_order = in_order
         self.conversations = conversations
-        self._lists = [in_order, *(answers for _, answers in conversations)]
-        self._next = [0] * len(self._lists)
-        self._lock = threading.Lock()
+        # "" names the answers in order: no conversation's text is empty.
+        self._book: ScriptBook[dict[str, Any], Answer] = ScriptBook(
+            {"": in_order, **dict(conversations)}
+        )
 
     @property
     def count(self) -> int:
         """How many answers the file holds in all."""
-        return sum(len(answers) for answers in self._lists)
+        return len(self.in_order) + sum(len(answers) for _, answers in self.conversations)
 
     def describe(self) -> str:
         """``3 answers``, or ``5 answers, 2 conversations`` for a file keyed by conversation."""
@@ -151,25 +153,20 @@ class FileScript:
             text += f", {len(self.conversations)} conversations"
         return text
 
-    def _list_of(self, body: dict[str, Any]) -> tuple[int, str]:
-        """Which list answers ``body`` (0: in order), and whose it is, for an error."""
-        first = first_user_text(body)
-        for index, (key, _answers) in enumerate(self.conversations, start=1):
-            if key in first:
-                return index, f"the conversation {key!r}"
-        shown = first[:60] + ("…" if len(first) > 60 else "")
-        return 0, f"the answers in order (no conversation matched {shown!r})"
-
     def __call__(self, body: dict[str, Any]) -> Answer:
         """The next answer to the request ``body``."""
-        index, whose = self._list_of(body)
-        answers = self._lists[index]
-        with self._lock:
-            position = self._next[index]
-            if position >= len(answers):
-                raise LookupError(f"{whose} ran out after {len(answers)} answer(s)")
-            self._next[index] = position + 1
-        return answers[position]
+        first = first_user_text(body)
+        key = next((key for key, _ in self.conversations if key in first), "")
+        try:
+            return self._book.answer(key, body)
+        except LookupError:
+            if key:
+                raise
+        shown = first[:60] + ("…" if len(first) > 60 else "")
+        raise LookupError(
+            f"the answers in order ran out after {len(self.in_order)} (no conversation's text "
+            f"is in the first user message {shown!r})"
+        )
 
 
 def _call(item: _Call, where: str) -> ProposedCall:
@@ -222,10 +219,12 @@ def load_script(path: str | Path) -> FileScript:
     try:
         if isinstance(data, list):
             return FileScript(_answers(data, "$"), [])
-        conversations = [
-            (c.first_user_contains, _answers(c.answers, f"$.conversations[{i}].answers"))
-            for i, c in enumerate(data.conversations)
-        ]
+        conversations: list[tuple[str, list[Answer]]] = []
+        for i, conversation in enumerate(data.conversations):
+            key, where = conversation.first_user_contains, f"$.conversations[{i}]"
+            if key in dict(conversations):  # the second would never answer
+                raise ValueError(f"{key!r} is the text of an earlier conversation - at `{where}`")
+            conversations.append((key, _answers(conversation.answers, f"{where}.answers")))
         return FileScript(_answers(data.answers, "$.answers"), conversations)
     except ValueError as exc:
         raise ValueError(f"the script {path} is not valid: {exc}") from None
