@@ -56,7 +56,7 @@ from messages import (
 if TYPE_CHECKING:
     from actors.stores.postgres import PgMemory
 
-__all__ = ["Runtime", "check_turn", "resolve_config"]
+__all__ = ["Runtime", "check_outcome", "check_turn", "resolve_config", "turn_timed_out"]
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,19 @@ def check_turn(
         names = ", ".join(config.agent_names())
         raise ValueError(f"no agent profile is named {agent!r} (the config has: {names})")
     return StartTurn(session, text, speaker, reply_to, agent, trace)
+
+
+def check_outcome(outcome: TurnOutcome) -> TurnOutcome:
+    """``outcome`` as ``run_turn`` returns it: a turn that named another agent than its stored
+    session's is raised, ``ValueError`` with its detail, as the facades promise."""
+    if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+        raise ValueError(outcome.detail)
+    return outcome
+
+
+def turn_timed_out(session: str, timeout: float | None) -> TimeoutError:
+    """What ``run_turn`` raises when ``session``'s turn outlasts ``timeout``."""
+    return TimeoutError(f"the turn of {session} did not end within {timeout} s; it goes on")
 
 
 class Runtime:
@@ -454,12 +467,8 @@ class Runtime:
             try:
                 outcome: TurnOutcome = waiter.wait(timeout)
             except TimeoutError:
-                raise TimeoutError(
-                    f"the turn of {session} did not end within {timeout} s; it goes on"
-                ) from None
-            if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
-                raise ValueError(outcome.detail)
-            return outcome
+                raise turn_timed_out(session, timeout) from None
+            return check_outcome(outcome)
         finally:
             self.directory.unregister(address, waiter)
 

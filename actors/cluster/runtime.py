@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -28,7 +28,7 @@ from actors.cluster.routing import shard_of
 from actors.cluster.shard import Shard
 from actors.core.config import Config
 from actors.dispatcher.directory import Directory
-from actors.runtime import Runtime, check_turn
+from actors.runtime import Runtime, check_outcome, check_turn, turn_timed_out
 from actors.services.events import Subscribers
 from actors.stores.open import open_store
 from actors.tools.tool import PortTool
@@ -182,10 +182,6 @@ class ClusterRuntime(Runtime):
             self._await_shard(index)
         return self._shards[index]
 
-    def subscribe(self, fn: Callable[[TurnEvent], Any]) -> Callable[[], None]:
-        """Call ``fn(event)`` for every turn event of every shard; returns an unsubscribe."""
-        return self._subscribers.add(fn)
-
     def run_turn(
         self,
         session: str,
@@ -214,15 +210,10 @@ class ClusterRuntime(Runtime):
         try:
             data = ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(
-                f"the turn of {session} did not end within {timeout} s; it goes on"
-            ) from None
+            raise turn_timed_out(session, timeout) from None
         except Exception as exc:
             return self._failed(session, index, exc)
-        outcome: TurnOutcome = _OUTCOME.decode(data)
-        if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
-            raise ValueError(outcome.detail)
-        return outcome
+        return check_outcome(_OUTCOME.decode(data))
 
     def _failed(self, session: str, index: int, exc: BaseException) -> TurnOutcome:
         """The outcome of a turn whose call to shard ``index`` raised ``exc``."""
