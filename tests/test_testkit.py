@@ -118,6 +118,19 @@ def test_the_fake_server_speaks_chat_completions_and_records(chat_server) -> Non
     assert any("ran out" in error for error in server.errors)
 
 
+def test_the_chat_server_fixture_takes_the_servers_arguments(chat_server, tmp_path) -> None:
+    log = tmp_path / "requests.jsonl"
+    server = chat_server([reply("logged")], total_slots=3, log=log)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=5)
+    props = httpx.get(f"{server.base_url.removesuffix('/v1')}/props", timeout=5).json()
+    assert props["total_slots"] == 3
+    assert [json.loads(line)["path"] for line in log.read_text().splitlines()] == [
+        "/v1/chat/completions",
+        "/props",
+    ]
+
+
 def test_the_fixtures_start_and_stop_a_runtime(loopd_runtime, probe) -> None:
     rt = loopd_runtime([reply("ok")], loop={"max_steps": 3})
     assert rt.config.loop.max_steps == 3
