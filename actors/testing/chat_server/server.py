@@ -476,18 +476,23 @@ class ChatServer:
         Raises ``AssertionError`` saying how many did if ``timeout`` seconds pass first.
         """
         with self._changed:
-            if not self._changed.wait_for(lambda: len(self._closed) >= n, timeout):
-                raise AssertionError(
+            self._wait_until(
+                lambda: len(self._closed) >= n,
+                timeout,
+                lambda: (
                     f"expected {n} connection(s) closed by the client within {timeout:g} s, "
                     f"but {len(self._closed)} were"
-                )
+                ),
+            )
             return list(self._closed)
 
     def wait_for_idle(self, timeout: float = 5.0) -> None:
         """Block until no request is in flight; ``AssertionError`` after ``timeout`` seconds."""
-        with self._changed:
-            if not self._changed.wait_for(lambda: not any(self._in_flight.values()), timeout):
-                raise AssertionError(f"requests still in flight after {timeout:g} s")
+        self._wait_until(
+            lambda: not any(self._in_flight.values()),
+            timeout,
+            lambda: f"requests still in flight after {timeout:g} s",
+        )
 
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Block until at least ``n`` requests have arrived and return them all.
@@ -495,12 +500,23 @@ class ChatServer:
         Raises ``AssertionError`` saying how many arrived if ``timeout`` seconds pass first.
         """
         with self._changed:
-            if not self._changed.wait_for(lambda: len(self._requests) >= n, timeout):
-                raise AssertionError(
+            self._wait_until(
+                lambda: len(self._requests) >= n,
+                timeout,
+                lambda: (
                     f"expected {n} request(s) within {timeout:g} s, "
                     f"but {len(self._requests)} arrived"
-                )
+                ),
+            )
             return list(self._requests)
+
+    def _wait_until(
+        self, done: Callable[[], bool], timeout: float, failure: Callable[[], str]
+    ) -> None:
+        """Wait until ``done()``; ``AssertionError(failure())`` after ``timeout`` seconds."""
+        with self._changed:  # re-entrant: a caller may hold it, to read what it waited for
+            if not self._changed.wait_for(done, timeout):
+                raise AssertionError(failure())
 
     # --- called from handler threads ---
 
