@@ -644,3 +644,12 @@ def test_watch_sees_a_session_actor_stop(loopd_runtime) -> None:
         assert watcher.expect(Terminated(session)).ref is session
     finally:
         watcher.stop()
+
+
+def test_a_wait_of_the_server_that_runs_out_says_what_it_saw() -> None:
+    with ChatServer([]) as server:
+        with pytest.raises(AssertionError, match=r"expected 1 request\(s\) within 0\.05 s, but 0"):
+            server.wait_for_requests(1, timeout=0.05)
+        with pytest.raises(AssertionError, match=r"expected 2 connection\(s\) closed .* but 0"):
+            server.wait_for_closed(2, timeout=0.05)
+        server.wait_for_idle(timeout=0.05)
