@@ -64,7 +64,7 @@ from messages import (
 if TYPE_CHECKING:
     from actors.stores.postgres import PgMemory
 
-__all__ = ["Runtime", "resolve_config"]
+__all__ = ["Runtime", "check_outcome", "check_turn", "resolve_config", "turn_timed_out"]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,47 @@ def _await_stops(what: str, futures: list[pykka.Future[bool]], timeout: float) -
             log.warning("loopd: %s did not stop within the stop's deadline", what)
             return False
     return True
+
+
+def check_turn(
+    config: Config,
+    session: str,
+    text: str,
+    *,
+    timeout: float | None = None,
+    speaker: str | None = None,
+    reply_to: str | None = None,
+    agent: str | None = None,
+    trace: dict[str, str] | None = None,
+) -> StartTurn:
+    """The ``StartTurn`` that a facade's ``run_turn`` or ``send_turn`` asks for, every argument
+    checked before anything is sent or stored.
+
+    The one place for these checks, so that every facade (this process's, the cluster's)
+    refuses the same calls with the same errors: ``ValueError`` for a ``timeout`` that is not
+    None or a finite number of seconds above 0, an ``agent`` that ``config`` has no profile
+    of, an invalid session id or a child's (``sub-...``), or text or a speaker that is not
+    valid Unicode; ``TypeError`` for text that is not a ``str`` or a speaker that is neither
+    ``str`` nor None.
+    """
+    check_wait(timeout, "timeout")
+    if agent is not None and agent not in config.agent_names():
+        names = ", ".join(config.agent_names())
+        raise ValueError(f"no agent profile is named {agent!r} (the config has: {names})")
+    return StartTurn(session, text, speaker, reply_to, agent, trace)
+
+
+def check_outcome(outcome: TurnOutcome) -> TurnOutcome:
+    """``outcome`` as ``run_turn`` returns it: a turn that named another agent than its stored
+    session's is raised, ``ValueError`` with its detail, as the facades promise."""
+    if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+        raise ValueError(outcome.detail)
+    return outcome
+
+
+def turn_timed_out(session: str, timeout: float | None) -> TimeoutError:
+    """What ``run_turn`` raises when ``session``'s turn outlasts ``timeout``."""
+    return TimeoutError(f"the turn of {session} did not end within {timeout} s; it goes on")
 
 
 class Runtime:
@@ -390,9 +431,11 @@ class Runtime:
         Raises as :meth:`run_turn` does for a bad session id, text, speaker or agent name; a
         stored session of another agent is answered ``TurnFailed(reason=WRONG_AGENT)``.
         """
-        self._check_agent(agent)
         trace = self.tracer.caller_trace()
-        self._tell_context(StartTurn(session, text, speaker, reply_to, agent, trace))
+        start = check_turn(
+            self.config, session, text, speaker=speaker, reply_to=reply_to, agent=agent, trace=trace
+        )
+        self._tell_context(start)
 
     def run_turn(
         self,
@@ -415,10 +458,18 @@ class Runtime:
         or a speaker that is neither ``str`` nor None. Raises ``TimeoutError`` if the turn has
         not ended after ``timeout`` seconds (it goes on).
         """
-        check_wait(timeout, "timeout")
-        self._check_agent(agent)
         address = self.directory.unique("waiter")
-        start = StartTurn(session, text, speaker, address, agent, self.tracer.caller_trace())
+        trace = self.tracer.caller_trace()
+        start = check_turn(
+            self.config,
+            session,
+            text,
+            timeout=timeout,
+            speaker=speaker,
+            reply_to=address,
+            agent=agent,
+            trace=trace,
+        )
         waiter = _Waiter()
         self.directory.register(address, waiter)
         try:
@@ -426,12 +477,8 @@ class Runtime:
             try:
                 outcome: TurnOutcome = waiter.wait(timeout)
             except TimeoutError:
-                raise TimeoutError(
-                    f"the turn of {session} did not end within {timeout} s; it goes on"
-                ) from None
-            if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
-                raise ValueError(outcome.detail)
-            return outcome
+                raise turn_timed_out(session, timeout) from None
+            return check_outcome(outcome)
         finally:
             self.directory.unregister(address, waiter)
 
@@ -442,10 +489,7 @@ class Runtime:
         child's parent sees ``<child> failed``). Returns the ids that were cancelled; an empty
         tuple if ``session`` had no turn running. A model answer that arrives later is dropped.
         """
-        check_session_id(session)
-        check_wait(timeout, "timeout")
-        if self._stopped:
-            raise RuntimeError("this runtime is stopped")
+        self._check_cancel(session, timeout)
         cancelled = self.context.ask(CancelTurn(session), timeout=timeout)
         return tuple(cancelled)
 
@@ -456,19 +500,24 @@ class Runtime:
         ``[sessions]`` in docs/configuration.md); a child's actor goes when its turn ends. A
         session that is not live is rebuilt from the store by its next turn.
         """
-        if self._stopped:
-            raise RuntimeError("this runtime is stopped")
+        self._check_open()
         status: ContextStatus = self.context.ask(Inspect(), block=True, timeout=timeout)
         return tuple(status.live)
 
-    def _check_agent(self, agent: str | None) -> None:
-        if agent is not None and agent not in self.config.agent_names():
-            names = ", ".join(self.config.agent_names())
-            raise ValueError(f"no agent profile is named {agent!r} (the config has: {names})")
-
-    def _tell_context(self, message: Any) -> None:
+    def _check_open(self) -> None:
+        """``RuntimeError`` once this runtime is stopped."""
         if self._stopped:
             raise RuntimeError("this runtime is stopped")
+
+    def _check_cancel(self, session: str, timeout: float) -> None:
+        """What :meth:`cancel` refuses, before it asks anything: an invalid session id or
+        ``timeout`` (``ValueError``), a stopped runtime (``RuntimeError``)."""
+        check_session_id(session)
+        check_wait(timeout, "timeout")
+        self._check_open()
+
+    def _tell_context(self, message: Any) -> None:
+        self._check_open()
         self.context.tell(message)
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -6,6 +6,7 @@ These tests stand alone: they import pykka and ``actors.dispatcher``, nothing el
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import weakref
@@ -482,3 +483,48 @@ def test_an_actor_cannot_shut_down_its_own_dispatcher(dispatcher) -> None:
 def test_a_dispatcher_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least 1 thread"):
         Dispatcher(0)
+
+
+def pykka_debug(caplog: pytest.LogCaptureFixture, refs: list[pykka.ActorRef[Any]]) -> list[str]:
+    """The DEBUG texts of the ``pykka`` logger, each ref's urn shown as its number in refs."""
+    texts = []
+    for record in caplog.records:
+        if record.name == "pykka" and record.levelno == logging.DEBUG:
+            text = record.getMessage()
+            for number, ref in enumerate(refs):
+                text = text.replace(ref.actor_urn, f"#{number}")
+            texts.append(text)
+    caplog.clear()
+    return texts
+
+
+def test_the_registry_records_are_pykkas(dispatcher, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="pykka")
+
+    class Dispatched(Recorder):
+        pass
+
+    class Threaded(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> Any:
+            raise ValueError(message)
+
+    Threaded.__name__ = Dispatched.__name__ = "Same"  # so that the records can be compared
+    seen = []
+    for start in (Threaded.start, lambda: Dispatched.start(dispatcher)):
+        first, second, third = start(), start(), start()
+        first.stop()
+        pykka.ActorRegistry.unregister(second)  # as pykka's own tests do, then a stop
+        second.stop()
+        third.tell("boom")  # a failure unregisters it
+        assert third.actor_stopped.wait(WAIT)
+        seen.append(pykka_debug(caplog, [first, second, third]))
+    threaded, dispatched = seen
+    assert dispatched == threaded
+    assert [text for text in dispatched if "Registered" not in text and "Starting" not in text] == [
+        "Unregistered Same (#0)",
+        "Stopped Same (#0)",
+        "Unregistered Same (#1)",
+        "Unregistered Same (#1) (not found in registry)",
+        "Stopped Same (#1)",
+        "Unregistered Same (#2)",
+    ]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +21,7 @@ from actors.core.config import AgentConfig
 from actors.models.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
+from actors.testing.script_file import FileScript, first_user_text, load_script
 from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed
 
 
@@ -112,6 +116,19 @@ def test_the_fake_server_speaks_chat_completions_and_records(chat_server) -> Non
     assert ran_out.status_code == 500
     assert server.requests == [body, body, body]
     assert any("ran out" in error for error in server.errors)
+
+
+def test_the_chat_server_fixture_takes_the_servers_arguments(chat_server, tmp_path) -> None:
+    log = tmp_path / "requests.jsonl"
+    server = chat_server([reply("logged")], total_slots=3, log=log)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=5)
+    props = httpx.get(f"{server.base_url.removesuffix('/v1')}/props", timeout=5).json()
+    assert props["total_slots"] == 3
+    assert [json.loads(line)["path"] for line in log.read_text().splitlines()] == [
+        "/v1/chat/completions",
+        "/props",
+    ]
 
 
 def test_the_fixtures_start_and_stop_a_runtime(loopd_runtime, probe) -> None:
@@ -336,34 +353,72 @@ def test_the_loopd_runtime_fixture_takes_runtime_starts_names(loopd_runtime) -> 
     model.assert_complete()
 
 
+class Standalone:
+    """``python -m actors.testing.chat_server`` in a subprocess, run with ``-W error`` so that
+    any warning at start (runpy's among them) ends it; stopped by SIGTERM at the end."""
+
+    def __init__(self, script: Path, *flags: str) -> None:
+        command = [sys.executable, "-W", "error", "-m", "actors.testing.chat_server"]
+        self.process = subprocess.Popen(
+            [*command, "--script", str(script), *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert self.process.stdout is not None
+        self.first = self.process.stdout.readline()
+        self.out = self.err = ""
+
+    @property
+    def base_url(self) -> str:
+        assert self.first.startswith("serving http://127.0.0.1:"), self.first
+        return self.first.split()[1]
+
+    def stop(self) -> int:
+        """SIGTERM, then what it printed after its first line; its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.out, self.err = self.process.communicate(timeout=10)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.communicate()
+        return self.process.returncode
+
+
+def standalone_runtime(tmp_path: Path, server: Standalone) -> Runtime:
+    config = Config(home=str(tmp_path / "home"), model=ModelConfig(base_url=server.base_url))
+    return Runtime.start(config)
+
+
 def test_the_chat_server_runs_on_its_own_from_a_script_file(tmp_path) -> None:
     script = tmp_path / "answers.json"
     script.write_text(
         json.dumps([{"tool_calls": [{"name": "clock", "arguments": {}}]}, "It is late.", "unused"])
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "actors.testing.chat_server", "--script", str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    server = Standalone(script)
     try:
-        first = server.stdout.readline()
-        assert first.startswith("serving http://127.0.0.1:") and "(3 answers)" in first
-        base_url = first.split()[1]
-        config = Config(home=str(tmp_path / "home"), model=ModelConfig(base_url=base_url))
-        with Runtime.start(config) as rt:
+        assert "(3 answers)" in server.first
+        with standalone_runtime(tmp_path, server) as rt:
             assert rt.run_turn("s", "what time?", timeout=10) == TurnCompleted("s", "It is late.")
-        server.send_signal(signal.SIGTERM)
-        out, _err = server.communicate(timeout=10)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.communicate()
-    assert server.returncode == 0
-    assert out.strip() == "stopped after 2 request(s)"
+        assert server.stop() == 0, server.err
+    assert server.out.strip() == "stopped after 2 request(s)"
+    assert server.err == ""  # no warning (runpy's) nor error
+
+
+def test_the_standalone_server_starts_without_a_warning() -> None:
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "actors.testing.chat_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "--log FILE" in done.stdout
 
 
 def test_a_bad_script_file_is_refused_with_its_place(tmp_path) -> None:
@@ -380,6 +435,201 @@ def test_a_bad_script_file_is_refused_with_its_place(tmp_path) -> None:
     assert "is not valid" in done.stderr and "nme" in done.stderr
 
 
+OPENAI_CALLS = {
+    # An assistant message as OpenAI sends it, copied into a script.
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {
+            "id": "call_abc",
+            "type": "function",
+            "function": {"name": "subagent", "arguments": json.dumps({"task": task})},
+        }
+        for task in ("weather in Oslo", "weather in Rome")
+    ],
+    "usage": {
+        "prompt_tokens": 100,
+        "completion_tokens": 10,
+        "total_tokens": 110,
+        "prompt_tokens_details": {"cached_tokens": 40},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    },
+}
+KEYED = {
+    "conversations": [
+        {
+            "first_user_contains": "weather in Oslo",
+            "answers": [
+                {
+                    "role": "assistant",
+                    "content": "Snow, -3 C.",
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 2},
+                }
+            ],
+        },
+        {"first_user_contains": "weather in Rome", "answers": ["Sun, 21 C."]},
+    ],
+    "answers": [OPENAI_CALLS, "Oslo is cold, Rome is warm."],
+}
+
+
+def test_a_script_file_answers_each_child_by_its_task_and_logs_each_request(tmp_path) -> None:
+    script, log = tmp_path / "keyed.json", tmp_path / "requests.jsonl"
+    script.write_text(json.dumps(KEYED))
+    server = Standalone(script, "--log", str(log))
+    try:
+        assert "(4 answers, 2 conversations)" in server.first
+        with standalone_runtime(tmp_path, server) as rt:
+            # The two children run at once: which asks first is anyone's guess.
+            outcome = rt.run_turn("w", "what is the weather?", timeout=10)
+    finally:
+        assert server.stop() == 0, server.err
+    assert isinstance(outcome, TurnCompleted)
+    assert outcome.content == "Oslo is cold, Rome is warm."
+    used = outcome.usage  # the parent's first answer and the Oslo child's
+    assert (used.prompt_tokens, used.completion_tokens, used.cached_tokens) == (107, 12, 40)
+    assert (server.out.strip(), server.err) == ("stopped after 4 request(s)", "")
+
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    chats = [line for line in lines if line["path"] == "/v1/chat/completions"]
+    assert len(chats) == 4 and sorted(line["n"] for line in chats) == [1, 2, 3, 4]
+    assert all(line["method"] == "POST" and isinstance(line["at"], float) for line in chats)
+    last = next(line["body"] for line in chats if line["n"] == 4)
+    assert first_user_text(last) == "what is the weather?"
+    results = [m["content"] for m in last["messages"] if m["role"] == "tool"]
+    assert results == ["sub-w-1 completed\nSnow, -3 C.", "sub-w-2 completed\nSun, 21 C."]
+
+
+def ask(server: ChatServer, first_user: str) -> httpx.Response:
+    body = {
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": first_user}]
+    }
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=5)
+
+
+def test_a_conversations_answers_go_in_order_and_then_run_out(tmp_path) -> None:
+    script = tmp_path / "keyed.json"
+    script.write_text(json.dumps(KEYED))
+    with ChatServer(load_script(script)) as server:
+        oslo = ask(server, "It is noon.\n\nweather in Oslo").json()
+        assert oslo["choices"][0]["message"]["content"] == "Snow, -3 C."
+        assert oslo["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        again = ask(server, "weather in Oslo, again")
+        assert again.status_code == 500 and "ran out of answers after 1" in again.text
+        first = ask(server, "anything else").json()  # no conversation: the answers in order
+        assert first["choices"][0]["message"]["tool_calls"][1]["function"] == {
+            "name": "subagent",
+            "arguments": json.dumps({"task": "weather in Rome"}),
+        }
+        assert first["usage"]["total_tokens"] == 110
+        rome = ask(server, "weather in Rome").json()
+        assert rome["choices"][0]["message"]["content"] == "Sun, 21 C."
+    (error,) = server.errors
+    assert error == (
+        "request 2 has no answer: the script of 'weather in Oslo' ran out of answers after 1"
+    )
+
+
+def test_the_guides_script_files_load(tmp_path) -> None:
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
+    section = guide.split("### Script files for the standalone server")[1].split("\n## ")[0]
+    plain, keyed = re.findall(r"^```json\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    for name, text in (("plain", plain), ("keyed", keyed)):
+        (tmp_path / name).write_text(text)
+    assert load_script(tmp_path / "plain").describe() == "2 answers"
+    script = load_script(tmp_path / "keyed")
+    assert script.describe() == "4 answers, 2 conversations"
+    child = {"messages": [{"role": "user", "content": "It is noon.\n\nweather in Rome"}]}
+    assert script(child) == reply("Sun, 21 C.")
+
+
+def test_the_first_user_text_of_a_body_with_parts_or_none() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+    assert first_user_text({"messages": [{"role": "user", "content": parts}]}) == "a\nb"
+    assert first_user_text({"messages": [{"role": "system", "content": "x"}]}) == ""
+    assert first_user_text({"messages": "nonsense"}) == ""
+
+
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        ({"role": "user", "content": "hi"}, "role"),
+        (
+            {"tool_calls": [{"name": "a", "function": {"name": "a"}}]},
+            "not both - at `$[0].tool_calls[0]`",
+        ),
+        ({"tool_calls": [{"function": {"name": "a"}, "arguments": {}}]}, "inside its `function`"),
+        ({"content": "x", "usage": {"prompt_tokens": -1, "completion_tokens": 0}}, ">= 0"),
+        ({"content": "x", "usage": {"completion_tokens": 0}}, "prompt_tokens"),
+    ],
+)
+def test_a_script_file_answer_is_refused_with_its_place(tmp_path, item, says) -> None:
+    script = tmp_path / "bad.json"
+    script.write_text(json.dumps([item]))
+    with pytest.raises(ValueError, match="is not valid") as refused:
+        load_script(script)
+    assert says in str(refused.value)
+
+
+def test_a_conversation_key_must_not_be_empty_nor_given_twice(tmp_path) -> None:
+    script = tmp_path / "bad.json"
+    script.write_text(json.dumps({"conversations": [{"first_user_contains": "", "answers": []}]}))
+    with pytest.raises(ValueError, match=r"at `\$.conversations\[0\].first_user_contains`"):
+        load_script(script)
+    twice = [{"first_user_contains": "a", "answers": []}] * 2
+    script.write_text(json.dumps({"conversations": twice}))
+    with pytest.raises(
+        ValueError, match=r"'a' is the text of an earlier .* `\$.conversations\[1\]`"
+    ):
+        load_script(script)
+
+
+def test_the_answers_in_order_say_so_when_they_run_out() -> None:
+    script = FileScript([reply("only")], [("Oslo", [])])
+    body = {"messages": [{"role": "user", "content": "what now?"}]}
+    assert script(body) == reply("only")
+    with pytest.raises(LookupError, match=r"answers in order ran out after 1 .*'what now\?'"):
+        script(body)
+
+
+def test_the_log_has_a_line_for_each_request_as_it_arrives(tmp_path) -> None:
+    log = tmp_path / "requests.jsonl"
+    log.write_text("from an earlier run\n")
+    release = threading.Event()
+
+    def held(body: dict[str, Any]) -> Any:
+        release.wait(10)
+        return reply("late")
+
+    with ChatServer(held, total_slots=2, log=log) as server:
+        url = server.base_url.removesuffix("/v1")
+        assert httpx.get(f"{url}/props", timeout=5).status_code == 200
+        assert httpx.post(f"{url}/nowhere", content=b"x", timeout=5).status_code == 404
+        bad = httpx.post(f"{server.base_url}/chat/completions", content=b"[1]", timeout=5)
+        assert bad.status_code == 400
+        answer: list[httpx.Response] = []
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        sender = threading.Thread(
+            target=lambda: answer.append(
+                httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=10)
+            )
+        )
+        sender.start()
+        server.wait_for_requests(1)
+        lines = [json.loads(line) for line in log.read_text().splitlines()]  # still held
+        release.set()
+        sender.join(10)
+    assert answer[0].status_code == 200
+    assert [(line.get("n"), line["method"], line["path"]) for line in lines] == [
+        (None, "GET", "/props"),
+        (None, "POST", "/nowhere"),
+        (None, "POST", "/v1/chat/completions"),
+        (1, "POST", "/v1/chat/completions"),
+    ]
+    assert lines[2]["raw"] == "[1]" and lines[3]["body"] == body
+    assert "headers" not in lines[3]  # they may carry an API key
+
+
 def test_watch_sees_a_session_actor_stop(loopd_runtime) -> None:
     from actors.dispatcher.directory import session_address
 
@@ -394,3 +644,12 @@ def test_watch_sees_a_session_actor_stop(loopd_runtime) -> None:
         assert watcher.expect(Terminated(session)).ref is session
     finally:
         watcher.stop()
+
+
+def test_a_wait_of_the_server_that_runs_out_says_what_it_saw() -> None:
+    with ChatServer([]) as server:
+        with pytest.raises(AssertionError, match=r"expected 1 request\(s\) within 0\.05 s, but 0"):
+            server.wait_for_requests(1, timeout=0.05)
+        with pytest.raises(AssertionError, match=r"expected 2 connection\(s\) closed .* but 0"):
+            server.wait_for_closed(2, timeout=0.05)
+        server.wait_for_idle(timeout=0.05)

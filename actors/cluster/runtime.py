@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -28,17 +28,11 @@ from actors.cluster.routing import shard_of
 from actors.cluster.shard import Shard
 from actors.core.config import Config
 from actors.dispatcher.directory import Directory
-from actors.runtime import Runtime
+from actors.runtime import Runtime, check_outcome, check_turn, turn_timed_out
 from actors.services.events import Subscribers
 from actors.stores.open import open_store
 from actors.tools.tool import PortTool
-from messages import (
-    FailReason,
-    TurnEvent,
-    TurnFailed,
-    TurnOutcome,
-    check_session_id,
-)
+from messages import FailReason, TurnEvent, TurnFailed, TurnOutcome
 
 __all__ = ["ClusterRuntime", "ShardStartError"]
 
@@ -188,15 +182,6 @@ class ClusterRuntime(Runtime):
             self._await_shard(index)
         return self._shards[index]
 
-    def subscribe(self, fn: Callable[[TurnEvent], Any]) -> Callable[[], None]:
-        """Call ``fn(event)`` for every turn event of every shard; returns an unsubscribe."""
-        return self._subscribers.add(fn)
-
-    def _check(self, session: str) -> None:
-        check_session_id(session)
-        if self._stopped:
-            raise RuntimeError("this runtime is stopped")
-
     def run_turn(
         self,
         session: str,
@@ -208,27 +193,27 @@ class ClusterRuntime(Runtime):
     ) -> TurnOutcome:
         """Run one turn of ``session`` on its shard and return how it ended.
 
-        A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises
-        ``ValueError`` for an invalid id, an ``agent`` the config has no profile of or one that
-        is not the stored session's, and ``TimeoutError`` after ``timeout`` (it goes on).
+        A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises what
+        :meth:`Runtime.run_turn <actors.runtime.Runtime.run_turn>` raises, before any shard is
+        called (the same checks: :func:`~actors.runtime.check_turn`), and ``TimeoutError``
+        after ``timeout`` (the turn goes on).
         """
-        self._check(session)
-        self._check_agent(agent)
+        start = check_turn(
+            self.config, session, text, timeout=timeout, speaker=speaker, agent=agent
+        )
+        self._check_open()
         index = self.shard_of(session)
-        ref = self._shard(index).run_turn.remote(session, text, speaker, timeout, agent)
+        ref = self._shard(index).run_turn.remote(
+            session, start.text, start.speaker, timeout, start.agent
+        )
         ray = _ray()
         try:
             data = ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(
-                f"the turn of {session} did not end within {timeout} s; it goes on"
-            ) from None
+            raise turn_timed_out(session, timeout) from None
         except Exception as exc:
             return self._failed(session, index, exc)
-        outcome: TurnOutcome = _OUTCOME.decode(data)
-        if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
-            raise ValueError(outcome.detail)
-        return outcome
+        return check_outcome(_OUTCOME.decode(data))
 
     def _failed(self, session: str, index: int, exc: BaseException) -> TurnOutcome:
         """The outcome of a turn whose call to shard ``index`` raised ``exc``."""
@@ -256,11 +241,16 @@ class ClusterRuntime(Runtime):
         reply_to: str | None = None,
         agent: str | None = None,
     ) -> None:
-        """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`."""
-        self._check(session)
-        self._check_agent(agent)
+        """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`.
+
+        Raises as :meth:`run_turn` does, before any shard is called.
+        """
+        start = check_turn(self.config, session, text, speaker=speaker, agent=agent)
+        self._check_open()
         index = self.shard_of(session)
-        ref = self._shard(index).run_turn.remote(session, text, speaker, None, agent)
+        ref = self._shard(index).run_turn.remote(
+            session, start.text, start.speaker, None, start.agent
+        )
         if reply_to is None:
             return
 
@@ -278,7 +268,7 @@ class ClusterRuntime(Runtime):
 
     def cancel(self, session: str, timeout: float = 10.0) -> tuple[str, ...]:
         """Cancel ``session``'s running turn and its children on their shard; the ids."""
-        self._check(session)
+        self._check_cancel(session, timeout)
         ray = _ray()
         ref = self._shard(self.shard_of(session)).cancel.remote(session, timeout)
         return tuple(ray.get(ref, timeout=timeout + 5.0))

@@ -49,6 +49,9 @@ def _unregister(ref: pykka.ActorRef[Any]) -> None:
     that stops, though a child was registered a moment ago, near the end. So the newest
     ``_RECENT`` entries are searched first, then the rest, once. Should pykka keep its registry
     some other way, its own method is used.
+
+    It logs what pykka's method logs, after the lock as pykka does: ``Unregistered <ref>`` at
+    DEBUG on the ``pykka`` logger, with `` (not found in registry)`` if it was not there.
     """
     refs = getattr(ActorRegistry, "_actor_refs", None)
     lock = getattr(ActorRegistry, "_actor_refs_lock", None)
@@ -63,8 +66,15 @@ def _unregister(ref: pykka.ActorRef[Any]) -> None:
             try:
                 index = refs.index(ref, 0, start)
             except ValueError:
-                return
-        del refs[index]
+                index = -1
+        if index >= 0:
+            del refs[index]
+    # The same text as pykka's f-string, formatted only when DEBUG is on: this is on the path
+    # of every actor that stops.
+    if index >= 0:
+        log.debug("Unregistered %s", ref)
+    else:
+        log.debug("Unregistered %s (not found in registry)", ref)
 
 
 def _receive(actor: pykka.Actor, envelope: Envelope[Any]) -> None:

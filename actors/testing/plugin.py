@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,10 @@ from actors.dispatcher.directory import Directory
 from actors.models.offline import forbid_real_models
 from actors.runtime import Runtime
 from actors.stores.memory import MemorySource
-from actors.testing.chat_server import ChatServer
+from actors.testing.chat_server import ChatServer, ScriptFunction, Step
 from actors.testing.model import ScriptedModel
 from actors.testing.probe import Probe
-from actors.testing.script import Answer, RawResponse
+from actors.testing.script import Answer
 from actors.tools.tool import PortTool
 from actors.tracing.base import Tracer
 
@@ -203,13 +203,15 @@ def loopd_runtime(
 
 @pytest.fixture
 def chat_server() -> Iterator[Callable[..., ChatServer]]:
-    """A factory of fake OpenAI-compatible servers on 127.0.0.1, stopped when the test ends."""
+    """A factory of fake OpenAI-compatible servers on 127.0.0.1, stopped when the test ends:
+    ``chat_server(script, total_slots=..., log=...)`` takes :class:`ChatServer`'s arguments."""
     servers: list[ChatServer] = []
 
     def start(
-        script: Sequence[Answer | RawResponse] | Callable[[dict[str, Any]], Answer | RawResponse],
+        script: Sequence[Step] | ScriptFunction | Mapping[str, Sequence[Step] | ScriptFunction],
+        **options: Any,
     ) -> ChatServer:
-        server = ChatServer(script).start()
+        server = ChatServer(script, **options).start()
         servers.append(server)
         return server
 

@@ -242,3 +242,62 @@ def test_a_child_id_that_would_not_fit_is_denied_on_the_shard(
     assert [body["id_slot"] for body in server.requests] == [0, 0]
     with PgSessionStore(pg_url) as store:
         assert [info.id for info in store.list_sessions()] == [parent]  # no child was stored
+
+
+REFUSED: list[tuple[str, Any, dict[str, Any]]] = [
+    # (session, text, keyword arguments) of calls Runtime refuses before anything is sent.
+    ("sub-s-1", "hi", {}),  # a child's id
+    ("no spaces", "hi", {}),
+    ("s", b"bytes", {}),
+    ("s", "\ud800", {}),  # not valid Unicode
+    ("s", "hi", {"speaker": 3}),
+    ("s", "hi", {"agent": "nobody"}),
+    ("s", "hi", {"timeout": -1}),
+    ("s", "hi", {"timeout": 0}),
+    ("s", "hi", {"timeout": float("nan")}),
+    ("s", "hi", {"timeout": float("inf")}),
+    ("s", "hi", {"timeout": "5"}),
+]
+
+
+def refusal(call: Any, *args: Any, **kwargs: Any) -> tuple[type[BaseException], str]:
+    with pytest.raises((TypeError, ValueError, RuntimeError)) as refused:
+        call(*args, **kwargs)
+    return type(refused.value), str(refused.value)
+
+
+def test_the_cluster_refuses_what_runtime_refuses_before_a_shard_is_called(
+    chat_server, loopd_runtime, loopd_config, tmp_path, pg_url
+):
+    from actors.testing import ScriptedModel
+
+    server = chat_server([reply("ok")])
+    cluster = loopd_runtime(config=wire_config(loopd_config, server.base_url))
+    shardless = ClusterRuntime(loopd_config, [], owns_ray=False)  # any call to a shard fails
+    local = Runtime.start(Config(home=str(tmp_path / "local")), model=ScriptedModel([]))
+    try:
+        for session, text, options in REFUSED:
+            expected = refusal(local.run_turn, session, text, **options)
+            assert refusal(cluster.run_turn, session, text, **options) == expected
+            assert refusal(shardless.run_turn, session, text, **options) == expected
+            if "timeout" in options:
+                continue
+            expected = refusal(local.send_turn, session, text, **options)
+            assert refusal(cluster.send_turn, session, text, **options) == expected
+            assert refusal(shardless.send_turn, session, text, **options) == expected
+        for session, timeout in (("no spaces", 1.0), ("s", -1), ("s", float("nan"))):
+            expected = refusal(local.cancel, session, timeout)
+            assert refusal(cluster.cancel, session, timeout) == expected
+        shardless._stopped = True  # as after stop(), which a runtime without shards cannot do
+        local.stop()
+        stopped = refusal(local.run_turn, "s", "hi")
+        assert refusal(shardless.run_turn, "s", "hi") == stopped
+        assert refusal(shardless.send_turn, "s", "hi") == stopped
+        assert refusal(shardless.cancel, "s") == stopped
+    finally:
+        local.stop()
+    outcome = cluster.run_turn("s", "hi", timeout=WAIT)  # the cluster still works
+    assert isinstance(outcome, TurnCompleted) and outcome.content == "ok"
+    assert len(server.requests) == 1  # that turn's: no refused call reached a model
+    with PgSessionStore(pg_url) as store:
+        assert [info.id for info in store.list_sessions()] == ["s"]

@@ -17,16 +17,14 @@ The server also keeps what a test of the client's connection handling needs to s
 :attr:`ChatServer.closed` (requests whose client closed the connection before the answer was
 sent), and :attr:`ChatServer.overlaps` (requests that arrived for an ``id_slot`` that already had
 one in flight: with llama.cpp that mixes two sessions' prompts). With ``total_slots`` it serves
-llama.cpp's ``GET /props``.
+llama.cpp's ``GET /props``. With ``log`` it writes one JSON line per request it receives.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import select
-import signal
 import socket
 import sys
 import threading
@@ -34,12 +32,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from actors.models.offline import allow_fake_server
 from actors.testing.script import Answer, RawResponse, ScriptBook
-from actors.testing.script_file import load_script
 
 __all__ = [
     "ChatServer",
@@ -186,6 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path != _PATH:
+            self.server.chat._log_request("POST", self.path)
             self._send(_json_error(404, f"no such path: {self.path}"))
             return
         self._number, self._slot = 0, None
@@ -205,10 +204,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = json.loads(raw)
         except ValueError as exc:
+            self.server.chat._log_request("POST", self.path, raw=raw)
             self.server.chat._record_error(f"a request body is not JSON: {exc}")
             self._send(_json_error(400, f"the request body is not JSON: {exc}"))
             return
         if not isinstance(body, dict):
+            self.server.chat._log_request("POST", self.path, raw=raw)
             self.server.chat._record_error("a request body is not a JSON object")
             self._send(_json_error(400, "the request body is not a JSON object"))
             return
@@ -230,6 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(chat._response(step, body, number))
 
     def do_GET(self) -> None:
+        self.server.chat._log_request("GET", self.path)
         total = self.server.chat.total_slots
         if self.path.rstrip("/") == "/props" and total is not None:
             props = {"total_slots": total, "default_generation_settings": {"n_ctx": 4096 * total}}
@@ -304,6 +306,7 @@ class ChatServer:
     fact is recorded in :attr:`errors`. A callable script gets each request body. A mapping
     gives one script (list or callable) per request ``model``, so each agent profile's model
     plays its own part: ``ChatServer({"big": [call("subagent", ...)], "small": [reply(..)]})``.
+    A script (or a callable's) ``LookupError`` is an answer it has not: HTTP 500, recorded.
     """
 
     def __init__(
@@ -311,10 +314,16 @@ class ChatServer:
         script: Sequence[Step] | ScriptFunction | Mapping[str, Sequence[Step] | ScriptFunction],
         *,
         total_slots: int | None = None,
+        log: str | Path | None = None,
     ):
         """Prepare a server answering from ``script``; nothing listens before :meth:`start`.
 
         ``total_slots`` makes it answer ``GET /props`` like llama-server with that many slots.
+        ``log`` names a file that :meth:`start` empties, then gets one JSON line per request
+        received, written as it arrives (before its answer): ``n`` (the request's number, as
+        in :attr:`requests`; none for a request that is not a chat request), ``at`` (Unix
+        time), ``method``, ``path``, and ``body`` (the decoded body) or ``raw`` (a body that is
+        not a JSON object, as text). Headers are left out: they may carry an API key.
         """
         if isinstance(script, Mapping):
             book: ScriptBook[dict[str, Any], Step] = ScriptBook(script)
@@ -336,6 +345,8 @@ class ChatServer:
         self._changed = threading.Condition()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._log_path = log
+        self._log: IO[str] | None = None
 
     # --- life ---
 
@@ -343,7 +354,15 @@ class ChatServer:
         """Listen on ``port`` (a free one by default) and serve in a daemon thread; returns self."""
         if self._server is not None:
             raise RuntimeError("the chat server is already started")
-        server = _Server(("127.0.0.1", port), _Handler)
+        if self._log_path is not None:
+            self._log = open(self._log_path, "w", encoding="utf-8")  # noqa: SIM115 (until stop)
+        try:
+            server = _Server(("127.0.0.1", port), _Handler)
+        except OSError:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            raise
         server.chat = self
         self._stopping.clear()
         self._server = server
@@ -371,6 +390,10 @@ class ChatServer:
             thread.join()
         self._server = None
         self._thread = None
+        with self._changed:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
 
     def __enter__(self) -> ChatServer:
         """Start the server."""
@@ -453,18 +476,23 @@ class ChatServer:
         Raises ``AssertionError`` saying how many did if ``timeout`` seconds pass first.
         """
         with self._changed:
-            if not self._changed.wait_for(lambda: len(self._closed) >= n, timeout):
-                raise AssertionError(
+            self._wait_until(
+                lambda: len(self._closed) >= n,
+                timeout,
+                lambda: (
                     f"expected {n} connection(s) closed by the client within {timeout:g} s, "
                     f"but {len(self._closed)} were"
-                )
+                ),
+            )
             return list(self._closed)
 
     def wait_for_idle(self, timeout: float = 5.0) -> None:
         """Block until no request is in flight; ``AssertionError`` after ``timeout`` seconds."""
-        with self._changed:
-            if not self._changed.wait_for(lambda: not any(self._in_flight.values()), timeout):
-                raise AssertionError(f"requests still in flight after {timeout:g} s")
+        self._wait_until(
+            lambda: not any(self._in_flight.values()),
+            timeout,
+            lambda: f"requests still in flight after {timeout:g} s",
+        )
 
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Block until at least ``n`` requests have arrived and return them all.
@@ -472,12 +500,23 @@ class ChatServer:
         Raises ``AssertionError`` saying how many arrived if ``timeout`` seconds pass first.
         """
         with self._changed:
-            if not self._changed.wait_for(lambda: len(self._requests) >= n, timeout):
-                raise AssertionError(
+            self._wait_until(
+                lambda: len(self._requests) >= n,
+                timeout,
+                lambda: (
                     f"expected {n} request(s) within {timeout:g} s, "
                     f"but {len(self._requests)} arrived"
-                )
+                ),
+            )
             return list(self._requests)
+
+    def _wait_until(
+        self, done: Callable[[], bool], timeout: float, failure: Callable[[], str]
+    ) -> None:
+        """Wait until ``done()``; ``AssertionError(failure())`` after ``timeout`` seconds."""
+        with self._changed:  # re-entrant: a caller may hold it, to read what it waited for
+            if not self._changed.wait_for(done, timeout):
+                raise AssertionError(failure())
 
     # --- called from handler threads ---
 
@@ -486,12 +525,37 @@ class ChatServer:
             self._errors.append(text)
             self._changed.notify_all()
 
+    def _log_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        number: int | None = None,
+        body: dict[str, Any] | None = None,
+        raw: bytes | None = None,
+    ) -> None:
+        """Write a request's line to the log, if there is one (the caller may hold the lock)."""
+        if self._log is None:
+            return
+        line: dict[str, Any] = {"n": number} if number is not None else {}
+        line.update(at=time.time(), method=method, path=path)
+        if body is not None:
+            line["body"] = body
+        if raw is not None:
+            line["raw"] = raw.decode("utf-8", "replace")
+        text = json.dumps(line, ensure_ascii=False) + "\n"
+        with self._changed:
+            if self._log is not None:
+                self._log.write(text)
+                self._log.flush()  # a test, or tail -f, reads it while the server runs
+
     def _arrived(self, body: dict[str, Any], headers: dict[str, str], slot: int | None) -> int:
         with self._changed:
             self._requests.append(body)
             self._headers.append(headers)
             self._arrivals.append(time.monotonic())
             number = len(self._requests)
+            self._log_request("POST", _PATH, number=number, body=body)
             if slot is not None and self._in_flight.get(slot, 0):
                 self._overlaps.append((number, slot))
             self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
@@ -527,6 +591,9 @@ class ChatServer:
             # Called outside the lock: a script may block (to hold requests in flight).
             try:
                 step = self._function(body)
+            except LookupError as exc:  # a script of answers that has none for this request
+                self._record_error(f"request {number} has no answer: {exc}")
+                return _json_error(500, f"the chat server's script has no answer: {exc}")
             except Exception as exc:
                 self._record_error(f"the script raised: {exc!r}")
                 return _json_error(500, f"the chat server's script raised: {exc!r}")
@@ -585,41 +652,3 @@ class ChatServer:
             body=json.dumps(response).encode(),
             headers={"Content-Type": "application/json"},
         )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve a script until SIGINT or SIGTERM; exit 2 for a bad script or port."""
-    parser = argparse.ArgumentParser(
-        prog="python -m actors.testing.chat_server",
-        description="A fake OpenAI-compatible chat-completions server on 127.0.0.1.",
-    )
-    parser.add_argument("--script", required=True, help="a JSON file of answers, used in order")
-    parser.add_argument("--port", type=int, default=0, help="the port (default: a free one)")
-    args = parser.parse_args(argv)
-    try:
-        answers = load_script(args.script)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    server = ChatServer(answers)
-    try:
-        server.start(args.port)
-    except OSError as exc:
-        print(f"error: cannot listen on port {args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"serving {server.base_url} ({len(answers)} answers)", flush=True)
-    try:
-        stop.wait()
-    finally:
-        server.stop()
-    print(f"stopped after {len(server.requests)} request(s)", flush=True)
-    for error in server.errors:
-        print(f"error: {error}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":  # python -m actors.testing.chat_server --script FILE
-    sys.exit(main())
