@@ -2,7 +2,8 @@
 
 What lives here: the configuration and its checks (``config``), tool dispatch and the id rules
 (``dispatch``: routes, argument checks, child ids, depth and descent), agent profiles
-(``agents``), a turn's state machine (``turn``), the spawn rules (``spawn``), the token budget
+(``agents``), a turn's state machine (``turn``, its effects in ``turn_effects``, the
+session state it works on in ``session_state``), the spawn rules (``spawn``), the token budget
 (``budget``), usage sums (``usage``), the slot table (``slots``), which idle sessions to
 passivate (``passivation``), text hygiene (``text``) and capped file reads (``files``).
 

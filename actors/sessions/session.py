@@ -14,7 +14,9 @@ import msgspec
 from actors.core.agents import Agent, Agents
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
-from actors.core.turn import (
+from actors.core.session_state import SessionState
+from actors.core.turn import Limits, Turn
+from actors.core.turn_effects import (
     CallPort,
     CancelModel,
     CancelPort,
@@ -22,12 +24,9 @@ from actors.core.turn import (
     Effect,
     Emit,
     Finish,
-    Limits,
     Persist,
     RequestModel,
-    SessionState,
     Spawn,
-    Turn,
     WriteMemory,
 )
 from actors.dispatcher import DispatchedActor, Dispatcher
