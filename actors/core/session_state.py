@@ -18,7 +18,16 @@ from datetime import datetime
 from actors.core.dispatch import ArgumentError, Registry, SpawnChild, child_id
 from actors.core.dispatch import dispatch as route_call
 from actors.core.text import cap_chars
-from messages import Baseline, ChatMessage, DenyReason, SessionRecord, ToolCall, denial_message
+from messages import (
+    Baseline,
+    ChatMessage,
+    DenyReason,
+    FailReason,
+    SessionRecord,
+    StoreFailed,
+    ToolCall,
+    denial_message,
+)
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -28,6 +37,7 @@ __all__ = [
     "fitting_tail",
     "message_chars",
     "repair_results",
+    "store_failure_reason",
     "unanswered_text",
 ]
 
@@ -211,3 +221,12 @@ def fitting_tail(history: list[ChatMessage], budget: int) -> list[ChatMessage]:
     while tail and tail[-1].role == "tool":
         tail.pop()
     return tail[::-1]
+
+
+def store_failure_reason(failed: StoreFailed) -> FailReason:
+    """The reason a turn fails with when the store answers ``failed``."""
+    if failed.taken:  # a child id whose record its parent's spawn did not create: not ours
+        return FailReason.SPAWN_ERROR
+    if failed.held_elsewhere:  # another process runs it (a shared store's lock)
+        return FailReason.BUSY
+    return FailReason.STORE_ERROR

@@ -14,7 +14,7 @@ import msgspec
 from actors.core.agents import Agent, Agents
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
-from actors.core.session_state import SessionState
+from actors.core.session_state import SessionState, store_failure_reason
 from actors.core.turn import Limits, Turn
 from actors.core.turn_effects import (
     CallPort,
@@ -104,15 +104,6 @@ class SessionEnv:
         if name != DEFAULT_AGENT:
             raise KeyError(name)
         return Agent(DEFAULT_AGENT, AgentConfig(), self.registry, RequestOptions())
-
-
-def store_failure_reason(failed: StoreFailed) -> FailReason:
-    """The reason a turn fails with when the store answers ``failed``."""
-    if failed.taken:  # a child id whose record its parent's spawn did not create: not ours
-        return FailReason.SPAWN_ERROR
-    if failed.held_elsewhere:  # another process runs it (a shared store's lock)
-        return FailReason.BUSY
-    return FailReason.STORE_ERROR
 
 
 class SessionActor(DispatchedActor):
