@@ -281,3 +281,13 @@ def test_shutting_down_answers_every_held_turn_cancelled(tmp_path) -> None:
     assert of(ToSession, effects) == []
     assert not any(isinstance(e.event, SubagentFinished) for e in of(Emit, effects))
     assert shell.state.status().held == ()
+
+
+def test_a_spawn_past_the_runtimes_child_limit_is_a_denial_marked_denied(tmp_path) -> None:
+    shell = Shell(tmp_path, max_children_total=1)
+    shell.spawn("p", 1)
+    (denial,) = shell.spawn("p", 2)
+    assert isinstance(denial, ToSession) and denial.session == "p"
+    result = denial.message.result
+    assert result.denied and result.text.startswith("Denied: ")
+    assert shell.state.status().held == ("sub-p-1",)

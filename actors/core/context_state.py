@@ -276,7 +276,8 @@ class ContextState:
         return effects
 
     def _deny(self, msg: SubagentRequest, text: str) -> Effects:
-        return [ToSession(msg.parent, ToolDone(msg.parent, ToolResult(msg.call_id, text)))]
+        denial = ToolResult(msg.call_id, text, denied=True)
+        return [ToSession(msg.parent, ToolDone(msg.parent, denial))]
 
     def baseline_built(self, asked: BuildBaseline, baseline: Baseline) -> Effects:
         """The answer to :class:`BuildBaseline`: a child starts on it, a new top-level session

@@ -317,8 +317,10 @@ class Turn:
         if result.untrusted:
             self.state.untrusted = True
         text = cap_chars(result.text, self.limits.tool_result_cap)
-        self._results[call.id] = ToolResult(call.id, text, result.data_class, result.untrusted)
-        finished = ToolCallFinished(session=self.state.id, call_id=call.id, name=call.name)
+        self._results[call.id] = msgspec.structs.replace(result, text=text)
+        finished = ToolCallFinished(
+            session=self.state.id, call_id=call.id, name=call.name, denied=result.denied
+        )
         return [Emit(finished), *self._maybe_continue()]
 
     def subagent_result(self, result: SubagentResult) -> list[Effect]:
@@ -478,7 +480,7 @@ class Turn:
                 if denial is None:
                     continue
                 route = denial
-            self._results[call.id] = ToolResult(call.id, route.text)
+            self._results[call.id] = ToolResult(call.id, route.text, denied=route.denied)
             finished = ToolCallFinished(
                 session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
             )
