@@ -60,10 +60,8 @@ from messages import (
     Baseline,
     Cancel,
     CancelModelRequest,
-    ChatMessage,
     ChildTimedOut,
     ContextStatus,
-    CreateChild,
     DenyReason,
     FailReason,
     JobSkipped,
@@ -78,7 +76,6 @@ from messages import (
     SessionRecord,
     SessionStopped,
     SessionTurnEnded,
-    SlotPool,
     StartTurn,
     StoreFailed,
     SubagentRequest,
@@ -301,37 +298,8 @@ class ContextState:
 
     def _create_child(self, hold: Hold, baseline: Baseline) -> Effects:
         """A child's actor starts at once on a record that holds its first message, and asks
-        the model. The record is stored with the child's first write (its CreateChild, which
-        the RunTurn carries): one store request and one transaction for a child that answers
-        at once. The store opens a stored record only if that parent's spawn created it; the
-        child's turn then starts over on it."""
-        assert hold.parent is not None
-        agent = hold.agent or DEFAULT_AGENT
-        untrusted = hold.untrusted
-        first = ChatMessage(role="user", content=hold.text)
-        create = CreateChild(
-            hold.session,
-            hold.parent,
-            baseline,
-            hold.slot,
-            untrusted,
-            first,
-            self.address,
-            agent=agent,
-        )
-        record = SessionRecord(
-            hold.session,
-            baseline,
-            hold.slot,
-            (first,),
-            turns=1,
-            next_call_id=1,
-            untrusted=untrusted,
-            parent=hold.parent,
-            agent=agent,
-        )
-        run = RunTurn(hold.text, stored=True, pool="background", trace=hold.trace, create=create)
-        return self._start_session(record, run)
+        the model (:meth:`Hold.first_run`)."""
+        return self._start_session(*hold.first_run(baseline, self.address))
 
     # Opening a session: a live actor, or the store (SPEC 5, step 4).
 
@@ -342,14 +310,9 @@ class ContextState:
             if not self._agent_fits(hold, live.agent):
                 return self._wrong_agent(hold, live.agent)
             hold.incarnation = live.incarnation
-            return self._tell_live(hold, self._run_turn(hold), if_gone=IfGone.REOPEN)
+            return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
         # Open first; only a session that is not stored needs a baseline (and so memory).
         return self._ask_store(hold, None)
-
-    @staticmethod
-    def _run_turn(hold: Hold) -> RunTurn:
-        pool: SlotPool = "background" if hold.is_child else "main"
-        return RunTurn(hold.text, hold.speaker, pool=pool, trace=hold.trace)
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> Effects:
         hold.open_request = next(self.requests)
@@ -408,7 +371,7 @@ class ContextState:
             return []  # answered already (cancelled, or the runtime is stopping)
         if not self._agent_fits(hold, msg.record.agent):
             return self._wrong_agent(hold, msg.record.agent)
-        return self._start_session(msg.record, self._run_turn(hold))
+        return self._start_session(msg.record, hold.run_turn())
 
     def _start_session(self, record: SessionRecord, run: RunTurn) -> Effects:
         """Ask for the actor of ``record``, a new incarnation, to be started, then told ``run``."""

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from actors.core.config import DEFAULT_AGENT
 from actors.core.context_effects import ContextEffect, Emit, Reply, ToSession
 from actors.core.dispatch import descends_from
 from actors.core.spawn import child_summary
 from messages import (
+    Baseline,
+    ChatMessage,
+    CreateChild,
     FailReason,
+    RunTurn,
+    SessionRecord,
+    SlotPool,
     SubagentCompleted,
     SubagentFailed,
     SubagentFinished,
@@ -60,6 +67,46 @@ class Hold:
     def is_child(self) -> bool:
         """True for a subagent's turn."""
         return self.parent is not None
+
+    def run_turn(self) -> RunTurn:
+        """What the session actor is told to run this turn on a session it has (stored)."""
+        pool: SlotPool = "background" if self.is_child else "main"
+        return RunTurn(self.text, self.speaker, pool=pool, trace=self.trace)
+
+    def first_run(self, baseline: Baseline, reply_to: str) -> tuple[SessionRecord, RunTurn]:
+        """A new child's record, not stored yet, and its first turn on it.
+
+        The record holds its first message. It is stored with the child's first write (the
+        CreateChild the RunTurn carries, answered to ``reply_to``): one store request and one
+        transaction for a child that answers at once. The store opens a stored record only if
+        that parent's spawn created it; the child's turn then starts over on it.
+        """
+        assert self.parent is not None
+        agent = self.agent or DEFAULT_AGENT
+        first = ChatMessage(role="user", content=self.text)
+        create = CreateChild(
+            self.session,
+            self.parent,
+            baseline,
+            self.slot,
+            self.untrusted,
+            first,
+            reply_to,
+            agent=agent,
+        )
+        record = SessionRecord(
+            self.session,
+            baseline,
+            self.slot,
+            (first,),
+            turns=1,
+            next_call_id=1,
+            untrusted=self.untrusted,
+            parent=self.parent,
+            agent=agent,
+        )
+        run = RunTurn(self.text, stored=True, pool="background", trace=self.trace, create=create)
+        return record, run
 
     def failure(
         self, reason: FailReason, detail: str, *, turn_began: bool = True
