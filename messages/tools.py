@@ -81,13 +81,15 @@ class ToolResult(Message, frozen=True):
     """The answer to one tool call, as it goes back to the model.
 
     ``text`` must be a ``str`` of valid Unicode text (a port tool that returns a lone surrogate
-    gets an error text instead: nothing could store or send it).
+    gets an error text instead: nothing could store or send it). ``denied``: the call was
+    refused (``text`` is a ``denial_message``), which its ``ToolCallFinished`` event says.
     """
 
     call_id: CallId
     text: str
     data_class: DataClass = DataClass.PUBLIC
     untrusted: bool = False
+    denied: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from actors.core.dispatch import Registry
-from actors.core.turn import (
-    COMPACT_INSTRUCTION,
-    SUMMARY_PREFIX,
+from actors.core.session_state import SessionState
+from actors.core.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX, Limits, Turn
+from actors.core.turn_effects import (
     CallPort,
     CancelModel,
     CancelPort,
@@ -18,12 +18,9 @@ from actors.core.turn import (
     Effect,
     Emit,
     Finish,
-    Limits,
     Persist,
     RequestModel,
-    SessionState,
     Spawn,
-    Turn,
 )
 from messages import (
     Baseline,

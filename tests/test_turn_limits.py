@@ -9,20 +9,17 @@ import itertools
 from datetime import UTC, datetime
 
 from actors.core.dispatch import Registry
-from actors.core.turn import (
-    COMPACT_INSTRUCTION,
-    SUMMARY_PREFIX,
+from actors.core.session_state import SessionState
+from actors.core.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX, Limits, Turn
+from actors.core.turn_effects import (
     CallPort,
     Compact,
     Effect,
     Emit,
     Finish,
-    Limits,
     Persist,
     RequestModel,
-    SessionState,
     Spawn,
-    Turn,
 )
 from messages import (
     Baseline,

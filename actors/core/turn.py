@@ -1,9 +1,10 @@
 """One turn of one session, as a state machine with no I/O (SPEC 4, 5 and 7).
 
 The :class:`Turn` takes inputs (``start``, ``persisted``, ``model_answer``, ``tool_result``...)
-and returns effects (:class:`Persist`, :class:`RequestModel`, :class:`CallPort`,
-:class:`Spawn`, :class:`Emit`, :class:`Finish`...) for its session actor to carry out. A test can
-drive a whole turn, compaction included, without a thread. The rules it keeps:
+and returns effects (``actors.core.turn_effects``: ``Persist``, ``RequestModel``, ``CallPort``,
+``Spawn``, ``Emit``, ``Finish``...) for its session actor to carry out, on the session's
+:class:`~actors.core.session_state.SessionState`. A test can drive a whole turn, compaction
+included, without a thread. The rules it keeps:
 
 - every message is made durable (``Persist``, answered by ``persisted``) before the next model
   request, and a tool call is only dispatched once the answer that numbers it is durable;
@@ -17,7 +18,7 @@ drive a whole turn, compaction included, without a thread. The rules it keeps:
   ``compact.threshold_ratio`` of it first compacts the history before this turn (this turn's
   messages are kept as they are), and a request the server refuses as too long is compacted and
   sent once more. Prompt sizes are the tokens the server reported for the last request, plus
-  the new messages counted at :data:`CHARS_PER_TOKEN`;
+  the new messages counted at ``session_state.CHARS_PER_TOKEN``;
 - an answer cut off at ``max_tokens`` never runs its tool calls, and a cut-off final answer
   fails the turn unless ``model.on_length`` keeps it;
 - tool-call arguments that are not a JSON object are stored as ``{}`` with the model's text in
@@ -26,10 +27,8 @@ drive a whole turn, compaction included, without a thread. The rules it keeps:
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -47,10 +46,29 @@ from actors.core.dispatch import (
     is_json_object,
 )
 from actors.core.dispatch import dispatch as route_call
+from actors.core.session_state import (
+    SessionState,
+    estimate_tokens,
+    fitting_tail,
+    repair_results,
+    unanswered_text,
+)
 from actors.core.text import cap_chars, neutralise
+from actors.core.turn_effects import (
+    CallPort,
+    CancelModel,
+    CancelPort,
+    Compact,
+    Effect,
+    Emit,
+    Finish,
+    Persist,
+    RequestModel,
+    Spawn,
+    WriteMemory,
+)
 from actors.core.usage import add_usage
 from messages import (
-    Baseline,
     ChatMessage,
     Compacted,
     CompactionFailed,
@@ -62,7 +80,6 @@ from messages import (
     ModelError,
     ModelRequestSent,
     ProposedCall,
-    SessionRecord,
     SubagentCompleted,
     SubagentResult,
     ToolCall,
@@ -71,7 +88,6 @@ from messages import (
     ToolResult,
     TurnCompleted,
     TurnEnded,
-    TurnEvent,
     TurnFailed,
     TurnOutcome,
     TurnStarted,
@@ -80,25 +96,10 @@ from messages import (
 )
 
 __all__ = [
-    "CHARS_PER_TOKEN",
     "COMPACT_INSTRUCTION",
     "SUMMARY_PREFIX",
-    "CallPort",
-    "CancelModel",
-    "CancelPort",
-    "Compact",
-    "Effect",
-    "Emit",
-    "Finish",
     "Limits",
-    "Persist",
-    "RequestModel",
-    "SessionState",
-    "Spawn",
     "Turn",
-    "WriteMemory",
-    "message_chars",
-    "repair_results",
     "subagent_result_text",
 ]
 
@@ -107,128 +108,6 @@ COMPACT_INSTRUCTION = (
     "questions and results that matter. Answer with the summary only."
 )
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
-
-CHARS_PER_TOKEN = 3
-"""Characters counted as one token for text the server has not counted yet. Tokenizers make
-about 4 characters a token of English prose, fewer of code and JSON; 3 errs towards compacting
-a little early rather than a request the server refuses."""
-
-# Tokens a chat template adds around each message (role markers, separators).
-_TOKENS_PER_MESSAGE = 4
-
-
-def _tokens(chars: int, messages: int = 0) -> int:
-    return math.ceil(chars / CHARS_PER_TOKEN) + messages * _TOKENS_PER_MESSAGE
-
-
-def message_chars(messages: Iterable[ChatMessage]) -> int:
-    """Characters of ``messages`` as compaction counts them: content, tool names, arguments."""
-    total = 0
-    for message in messages:
-        total += len(message.content or "")
-        for call in message.tool_calls:
-            total += len(call.name) + len(call.arguments)
-    return total
-
-
-@dataclass
-class SessionState:
-    """A session's state as its actor keeps it; mirrors what the store holds.
-
-    Grow the transcript with :meth:`extend` and replace it with :meth:`replace`, so the running
-    length that compaction checks stays true without summing the transcript every turn.
-    """
-
-    id: str
-    baseline: Baseline
-    slot: int
-    transcript: list[ChatMessage]
-    turns: int = 0
-    next_call_id: int = 1
-    untrusted: bool = False
-    parent: str | None = None
-    slot_cached: bool = False
-    """Whether ``slot`` holds this session's prompt: a model answer came from it in this
-    actor's life. Only then do requests ask for that slot (otherwise every new session would
-    ask for its pool's first slot, and evict the last one's cache)."""
-    # Not stored: what the server last counted. ``known_tokens`` is the prompt tokens of the
-    # system message, tools and the first ``known_messages`` transcript messages.
-    known_tokens: int = 0
-    known_messages: int = 0
-    context_tokens: int | None = None
-    """A slot's context size, once a server's refusal told it (overrides the configured one)."""
-    _chars: int = field(default=0, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._chars = message_chars(self.transcript)
-
-    @classmethod
-    def from_record(cls, record: SessionRecord) -> SessionState:
-        """The state of a stored session."""
-        return cls(
-            id=record.id,
-            baseline=record.baseline,
-            slot=record.slot,
-            transcript=list(record.transcript),
-            turns=record.turns,
-            next_call_id=record.next_call_id,
-            untrusted=record.untrusted,
-            parent=record.parent,
-        )
-
-    def to_record(self) -> SessionRecord:
-        """The state in the shape the store gives it back."""
-        return SessionRecord(
-            self.id,
-            self.baseline,
-            self.slot,
-            tuple(self.transcript),
-            self.turns,
-            self.next_call_id,
-            self.untrusted,
-            self.parent,
-        )
-
-    def messages(self) -> tuple[ChatMessage, ...]:
-        """What a model request carries: the system message, then the transcript."""
-        system = ChatMessage(role="system", content=self.baseline.system)
-        return (system, *self.transcript)
-
-    def extend(self, messages: Iterable[ChatMessage]) -> None:
-        """Append ``messages`` to the transcript."""
-        added = list(messages)
-        self.transcript.extend(added)
-        self._chars += message_chars(added)
-
-    def replace(self, messages: Iterable[ChatMessage]) -> None:
-        """Make ``messages`` the whole transcript (after a compaction)."""
-        self.transcript = list(messages)
-        self._chars = message_chars(self.transcript)
-
-    def transcript_chars(self) -> int:
-        """Characters of the transcript after the baseline (what compaction is measured on)."""
-        return self._chars
-
-    def baseline_tokens(self) -> int:
-        """An estimate of the system message and the tools, in tokens."""
-        tools = sum(
-            len(t.name) + len(t.description) + len(repr(t.parameters)) for t in self.baseline.tools
-        )
-        return _tokens(len(self.baseline.system) + tools, 1)
-
-    def prompt_tokens(self, extra: tuple[ChatMessage, ...] = ()) -> int:
-        """An estimate of the next request's prompt tokens, with ``extra`` messages after the
-        transcript: the server's count of the last request, plus the messages since."""
-        if 0 < self.known_messages <= len(self.transcript):
-            base, rest = self.known_tokens, self.transcript[self.known_messages :]
-        else:
-            base, rest = self.baseline_tokens(), self.transcript
-        rest = [*rest, *extra]
-        return base + _tokens(message_chars(rest), len(rest))
-
-    def forget_counts(self) -> None:
-        """The transcript changed under the server's count (compaction): estimate afresh."""
-        self.known_tokens = self.known_messages = 0
 
 
 @dataclass(frozen=True)
@@ -248,142 +127,6 @@ class Limits:
     max_tokens: int = 2048
     keep_truncated: bool = False
     """``model.on_length = "keep"``: a cut-off final answer completes, marked truncated."""
-
-
-def _unanswered(state: SessionState, registry: Registry, call: ToolCall, now: datetime) -> str:
-    """The result text of a call that will never get its own: ``<child> failed`` for a child."""
-    if isinstance(route_call(registry, call.name, call.as_written, now), SpawnChild):
-        with contextlib.suppress(ArgumentError):
-            return f"{child_id(state.id, call.id)} failed"
-    return denial_message(DenyReason.INTERRUPTED)
-
-
-def repair_results(
-    state: SessionState, registry: Registry, now: datetime
-) -> tuple[ChatMessage, ...]:
-    """Results for the calls of the last model answer that have none (a turn cut off).
-
-    A transcript whose assistant message has calls without results is not valid for the model
-    API. A child that was in flight answers ``<child> failed``; any other call is denied as
-    interrupted. Nothing is repaired when every call has its result.
-    """
-    answered: set[int] = set()
-    for message in reversed(state.transcript):
-        if message.role == "tool" and message.tool_call_id is not None:
-            answered.add(message.tool_call_id)
-        elif message.role == "assistant":
-            calls = [c for c in message.tool_calls if c.id not in answered]
-            break
-        else:
-            return ()
-    else:
-        return ()
-    results = [
-        ChatMessage(role="tool", content=_unanswered(state, registry, c, now), tool_call_id=c.id)
-        for c in calls
-    ]
-    return tuple(results)
-
-
-# Effects: what the session actor is asked to do.
-
-
-@dataclass(frozen=True)
-class Persist:
-    """Append ``messages`` and the session's counters to the store; answer ``persisted``."""
-
-    request_id: int
-    messages: tuple[ChatMessage, ...]
-
-
-@dataclass(frozen=True)
-class Compact:
-    """Replace the stored live history by ``summary`` (old rows kept, marked compacted)."""
-
-    request_id: int
-    summary: ChatMessage
-
-
-@dataclass(frozen=True)
-class RequestModel:
-    """Send a model request; answer ``model_answer`` or ``model_error`` with ``request_id``."""
-
-    request_id: int
-    slot: int
-    messages: tuple[ChatMessage, ...]
-    prefer_slot: bool = False
-    """Whether ``slot`` caches the session's prompt, so the request should go there if free."""
-
-
-@dataclass(frozen=True)
-class CallPort:
-    """Run port tool ``name`` for call ``call_id``; answer ``tool_result``."""
-
-    call_id: int
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class CancelModel:
-    """The turn no longer waits for model request ``request_id``: stop it (close its
-    connection, so the server stops generating)."""
-
-    request_id: int
-
-
-@dataclass(frozen=True)
-class CancelPort:
-    """The turn no longer waits for port call ``call_id``: tell the tool."""
-
-    call_id: int
-
-
-@dataclass(frozen=True)
-class Spawn:
-    """Ask the Context to run ``task`` in ``child``; answer ``subagent_result``."""
-
-    call_id: int
-    child: str
-    task: str
-    agent: str = "default"
-
-
-@dataclass(frozen=True)
-class WriteMemory:
-    """Ask the Context to append ``text`` to memory for call ``call_id``; answer ``tool_result``."""
-
-    call_id: int
-    text: str
-
-
-@dataclass(frozen=True)
-class Emit:
-    """Publish ``event`` to subscribers."""
-
-    event: TurnEvent
-
-
-@dataclass(frozen=True)
-class Finish:
-    """The turn, compaction included, is over with ``outcome``."""
-
-    outcome: TurnOutcome
-
-
-Effect = (
-    Persist
-    | Compact
-    | RequestModel
-    | CallPort
-    | CancelModel
-    | CancelPort
-    | Spawn
-    | WriteMemory
-    | Emit
-    | Finish
-)
-"""Anything a :class:`Turn` asks its actor to do."""
 
 
 class _Phase(enum.Enum):
@@ -574,8 +317,10 @@ class Turn:
         if result.untrusted:
             self.state.untrusted = True
         text = cap_chars(result.text, self.limits.tool_result_cap)
-        self._results[call.id] = ToolResult(call.id, text, result.data_class, result.untrusted)
-        finished = ToolCallFinished(session=self.state.id, call_id=call.id, name=call.name)
+        self._results[call.id] = msgspec.structs.replace(result, text=text)
+        finished = ToolCallFinished(
+            session=self.state.id, call_id=call.id, name=call.name, denied=result.denied
+        )
         return [Emit(finished), *self._maybe_continue()]
 
     def subagent_result(self, result: SubagentResult) -> list[Effect]:
@@ -619,7 +364,7 @@ class Turn:
                     role="tool",
                     content=self._results[c.id].text
                     if c.id in self._results
-                    else _unanswered(self.state, self.registry, c, now),
+                    else unanswered_text(self.state, self.registry, c, now),
                     tool_call_id=c.id,
                 )
                 for c in self._calls
@@ -735,7 +480,7 @@ class Turn:
                 if denial is None:
                     continue
                 route = denial
-            self._results[call.id] = ToolResult(call.id, route.text)
+            self._results[call.id] = ToolResult(call.id, route.text, denied=route.denied)
             finished = ToolCallFinished(
                 session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
             )
@@ -818,8 +563,8 @@ class Turn:
         context = self._context()
         if context is not None:
             budget = int(self.limits.threshold_ratio * context) - self.state.baseline_tokens()
-            budget -= _tokens(len(COMPACT_INSTRUCTION), 1)
-            history = _fitting_tail(history, budget)
+            budget -= estimate_tokens(len(COMPACT_INSTRUCTION), 1)
+            history = fitting_tail(history, budget)
         system = ChatMessage(role="system", content=self.state.baseline.system)
         messages = (system, *history, instruction)
         return [self._request(messages)]
@@ -870,24 +615,3 @@ class Turn:
         otherwise, self._if_not_compacted = self._if_not_compacted, None
         self._keep, self._after_compact = (), None
         return [Emit(failed), *otherwise(detail)]
-
-
-def _fitting_tail(history: list[ChatMessage], budget: int) -> list[ChatMessage]:
-    """The longest end of ``history`` whose estimated tokens fit ``budget``, never starting
-    with a tool result (its call would be missing). A last message too long on its own is cut
-    to fit, so a summary is never asked of nothing."""
-    tail: list[ChatMessage] = []
-    used = 0
-    for message in reversed(history):
-        cost = _tokens(message_chars((message,)), 1)
-        if used + cost > budget:
-            if not tail and message.role != "tool":
-                room = max(0, (budget - _TOKENS_PER_MESSAGE) * CHARS_PER_TOKEN)
-                content = cap_chars(message.content or "", room)
-                tail.append(ChatMessage(role=message.role, content=content, name=message.name))
-            break
-        tail.append(message)
-        used += cost
-    while tail and tail[-1].role == "tool":
-        tail.pop()
-    return tail[::-1]

@@ -1,8 +1,9 @@
 """The session plane: the Context actor and the session actors, on the shared dispatcher.
 
-``context`` (:class:`ContextActor`: holds, spawns, routing of outcomes) and ``session``
-(:class:`SessionActor`: one session's turns). They carry out what ``actors.core`` decides and
-talk to the services only by address and message.
+``context`` (:class:`ContextActor`, the shell of ``actors.core.context_state``: holds, spawns,
+routing of outcomes) and ``session`` (:class:`SessionActor`, the shell of ``actors.core.turn``:
+one session's turns). They carry out what ``actors.core`` decides and talk to the services only
+by address and message.
 
 Imports: ``core``, ``dispatcher``, the adapters' protocols (``tracing``, ``stores``) and
 ``messages``; never ``actors.services``.

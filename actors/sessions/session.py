@@ -14,7 +14,9 @@ import msgspec
 from actors.core.agents import Agent, Agents
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
-from actors.core.turn import (
+from actors.core.session_state import SessionState, store_failure_reason
+from actors.core.turn import Limits, Turn
+from actors.core.turn_effects import (
     CallPort,
     CancelModel,
     CancelPort,
@@ -22,12 +24,9 @@ from actors.core.turn import (
     Effect,
     Emit,
     Finish,
-    Limits,
     Persist,
     RequestModel,
-    SessionState,
     Spawn,
-    Turn,
     WriteMemory,
 )
 from actors.dispatcher import DispatchedActor, Dispatcher
@@ -105,15 +104,6 @@ class SessionEnv:
         if name != DEFAULT_AGENT:
             raise KeyError(name)
         return Agent(DEFAULT_AGENT, AgentConfig(), self.registry, RequestOptions())
-
-
-def store_failure_reason(failed: StoreFailed) -> FailReason:
-    """The reason a turn fails with when the store answers ``failed``."""
-    if failed.taken:  # a child id whose record its parent's spawn did not create: not ours
-        return FailReason.SPAWN_ERROR
-    if failed.held_elsewhere:  # another process runs it (a shared store's lock)
-        return FailReason.BUSY
-    return FailReason.STORE_ERROR
 
 
 class SessionActor(DispatchedActor):

@@ -148,7 +148,7 @@ class PortTool:
             args = parse_json_object(arguments)
         except ArgumentError as exc:
             text = denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail)
-            return ToolResult(call_id, text, self.data_class, self.untrusted)
+            return ToolResult(call_id, text, self.data_class, self.untrusted, denied=True)
         try:
             if self._context is None:
                 out = self.fn(args)
@@ -204,7 +204,7 @@ def port_handler(tools: Iterable[PortTool]) -> Callable[[PortCall, Ticket], Tool
         tool = by_name.get(call.name)
         if tool is None:  # the registry only routes port names here; keep the answer anyway
             text = denial_message(DenyReason.UNKNOWN_TOOL, call.name)
-            return ToolDone(call.session, ToolResult(call.call_id, text))
+            return ToolDone(call.session, ToolResult(call.call_id, text, denied=True))
         return ToolDone(
             call.session, tool.run(call.call_id, call.arguments, _context(call, ticket))
         )

@@ -227,7 +227,7 @@ def result_text(value: Any) -> str:
 def denied(call_id: int, detail: str, data_class: DataClass, untrusted: bool) -> ToolResult:
     """The result of a call whose arguments do not fit."""
     text = denial_message(DenyReason.INVALID_ARGUMENTS, detail)
-    return ToolResult(call_id, text, data_class, untrusted)
+    return ToolResult(call_id, text, data_class, untrusted, denied=True)
 
 
 def spec_of(shape: ToolShape) -> ToolSpec:

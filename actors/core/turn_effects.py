@@ -1,0 +1,125 @@
+"""What a :class:`~actors.core.turn.Turn` asks its session actor to do: its effects.
+
+Each input of a turn returns a list of these; ``SessionActor._carry_out`` turns each into one
+message (``Persist`` into ``AppendMessages``, ``RequestModel`` into ``ModelRequest``...). Kept
+apart from the machine, as h11 keeps its events apart from its connection: the vocabulary a
+shell must know, without the rules that produce it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from messages import ChatMessage, TurnEvent, TurnOutcome
+
+__all__ = [
+    "CallPort",
+    "CancelModel",
+    "CancelPort",
+    "Compact",
+    "Effect",
+    "Emit",
+    "Finish",
+    "Persist",
+    "RequestModel",
+    "Spawn",
+    "WriteMemory",
+]
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Append ``messages`` and the session's counters to the store; answer ``persisted``."""
+
+    request_id: int
+    messages: tuple[ChatMessage, ...]
+
+
+@dataclass(frozen=True)
+class Compact:
+    """Replace the stored live history by ``summary`` (old rows kept, marked compacted)."""
+
+    request_id: int
+    summary: ChatMessage
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """Send a model request; answer ``model_answer`` or ``model_error`` with ``request_id``."""
+
+    request_id: int
+    slot: int
+    messages: tuple[ChatMessage, ...]
+    prefer_slot: bool = False
+    """Whether ``slot`` caches the session's prompt, so the request should go there if free."""
+
+
+@dataclass(frozen=True)
+class CallPort:
+    """Run port tool ``name`` for call ``call_id``; answer ``tool_result``."""
+
+    call_id: int
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class CancelModel:
+    """The turn no longer waits for model request ``request_id``: stop it (close its
+    connection, so the server stops generating)."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
+class CancelPort:
+    """The turn no longer waits for port call ``call_id``: tell the tool."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Ask the Context to run ``task`` in ``child``; answer ``subagent_result``."""
+
+    call_id: int
+    child: str
+    task: str
+    agent: str = "default"
+
+
+@dataclass(frozen=True)
+class WriteMemory:
+    """Ask the Context to append ``text`` to memory for call ``call_id``; answer ``tool_result``."""
+
+    call_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Publish ``event`` to subscribers."""
+
+    event: TurnEvent
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The turn, compaction included, is over with ``outcome``."""
+
+    outcome: TurnOutcome
+
+
+Effect = (
+    Persist
+    | Compact
+    | RequestModel
+    | CallPort
+    | CancelModel
+    | CancelPort
+    | Spawn
+    | WriteMemory
+    | Emit
+    | Finish
+)
+"""Anything a :class:`Turn` asks its actor to do."""
