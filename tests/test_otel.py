@@ -8,15 +8,18 @@ import sys
 import textwrap
 from pathlib import Path
 
+import logging
+
 import msgspec
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors import ModelConfig, port_tool
 from actors.testing import call, reply
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.tracing.otel import OtelTracer
 from messages import FailReason, ModelRequest, StartTurn, SubagentRequest, TurnCompleted, TurnFailed
 
@@ -194,7 +197,7 @@ def test_until_the_application_sets_a_provider_no_span_is_made() -> None:
 
 def test_with_opentelemetry_installed_the_default_tracer_is_otels(loopd_runtime) -> None:
     rt = loopd_runtime([reply("ok")])
-    assert isinstance(rt.tracer, OtelTracer)
+    assert isinstance(rt.tracer.inner, OtelTracer)
 
 
 def test_a_chat_span_carries_the_tokens_the_server_reported(loopd_runtime, loopd_config, spans):
@@ -228,3 +231,97 @@ def test_a_chat_span_carries_the_tokens_the_server_reported(loopd_runtime, loopd
     assert chat.attributes["gen_ai.usage.input_tokens"] == 42
     assert chat.attributes["gen_ai.usage.output_tokens"] == 7
     assert chat.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+
+
+class Failing(SpanProcessor):
+    """A span processor that raises, in ``on_start`` or in ``on_end``."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span, parent_context=None) -> None:
+        if self.where == "on_start":
+            raise RuntimeError("the processor broke at on_start")
+
+    def on_end(self, span) -> None:
+        if self.where == "on_end":
+            raise RuntimeError("the processor broke at on_end")
+
+
+@pytest.mark.parametrize("where", ["on_start", "on_end"])
+def test_a_span_processor_that_raises_changes_no_outcome(
+    loopd_runtime, loopd_config, where, caplog
+) -> None:
+    """Issue 19 A4: a turn with a tool call and a child completes, its transcript is whole, and
+    the failure is logged once, though every span start (or end) raises."""
+    provider = TracerProvider()
+    provider.add_span_processor(Failing(where))
+
+    def script(request: ModelRequest):
+        last = request.messages[-1]
+        if request.session == "boss":
+            if last.role == "user":
+                return call("weather")
+            if last.content == "sunny":
+                return call("subagent", task="dig")
+            return reply("all done")
+        return reply("dug")
+
+    rt = loopd_runtime(script, tools=[weather], tracer=OtelTracer(tracer_provider=provider))
+    with caplog.at_level(logging.DEBUG, logger="loopd.tracing"):
+        assert rt.run_turn("boss", "go", timeout=WAIT) == TurnCompleted("boss", "all done")
+        assert rt.run_turn("boss", "again", timeout=WAIT) == TurnCompleted("boss", "all done")
+    rt.stop()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        history = [h.message for h in store.history("boss")]
+    # Every tool result follows the assistant message that carries its call.
+    calls: set[str] = set()
+    for message in history:
+        calls.update(c.id for c in message.tool_calls or ())
+        if message.role == "tool":
+            assert message.tool_call_id in calls, history
+    assert [m.content for m in history if m.role == "assistant" and m.content] == [
+        "all done",
+        "all done",
+    ]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "the tracer OtelTracer failed" in warnings[0].getMessage()
+    assert rt.tracer.failures > 1
+
+
+def test_a_broken_opentelemetry_means_no_tracing_and_one_warning(tmp_path: Path) -> None:
+    """Issue 19 A13: an opentelemetry found on the path whose import raises ImportError (a
+    broken or mismatched install) fails no start; two starts give one warning."""
+    broken = tmp_path / "site" / "opentelemetry"
+    (broken / "trace").mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    (broken / "trace" / "__init__.py").write_text("raise ImportError('cannot import name Span')\n")
+    code = textwrap.dedent(
+        f"""
+        import logging, sys
+        sys.path.insert(0, {str(tmp_path / "site")!r})
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+        from actors import Config, Runtime
+        from actors.testing import ScriptedModel, reply
+        from actors.tracing.base import NoTracer
+        for home in ("a", "b"):
+            model = ScriptedModel([reply("ok")])
+            config = Config(home={str(tmp_path)!r} + "/" + home)
+            with Runtime.start(config, model=model) as rt:
+                assert rt.run_turn("s", "hi", timeout=10).content == "ok"
+                assert isinstance(rt.tracer, NoTracer)
+        print("started twice")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "started twice"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+    assert warnings == [
+        "WARNING loopd: OpenTelemetry is installed but cannot be loaded "
+        "(ImportError: cannot import name Span); tracing is off"
+    ], done.stderr
