@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-
-import logging
 
 import msgspec
 import pytest
@@ -18,10 +17,19 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors import ModelConfig, port_tool
-from actors.testing import call, reply
 from actors.stores.sqlite import DB_NAME, SessionStore
+from actors.testing import ScriptedModel, call, reply
 from actors.tracing.otel import OtelTracer
-from messages import FailReason, ModelRequest, StartTurn, SubagentRequest, TurnCompleted, TurnFailed
+from messages import (
+    FailReason,
+    ModelRequest,
+    StartTurn,
+    SubagentRequest,
+    SubagentStarted,
+    TurnCompleted,
+    TurnFailed,
+    TurnStarted,
+)
 
 WAIT = 10.0
 
@@ -325,3 +333,72 @@ def test_a_broken_opentelemetry_means_no_tracing_and_one_warning(tmp_path: Path)
         "WARNING loopd: OpenTelemetry is installed but cannot be loaded "
         "(ImportError: cannot import name Span); tracing is off"
     ], done.stderr
+
+
+def test_spans_events_and_the_session_list_name_each_sessions_profile(
+    loopd_runtime, loopd_config, spans, capsys
+) -> None:
+    """Issue 19 B6: a profile's spans name its own model, ``gen_ai.agent.name`` is the profile
+    (the session id is ``gen_ai.conversation.id``), the events name the profile a turn and a
+    child run, and ``loopd sessions --json`` has each session's ``agent``."""
+    from actors import AgentConfig
+    from actors.shells.cli import main
+
+    provider, exporter = spans
+
+    def script(request: ModelRequest):
+        if request.session == "boss" and request.messages[-1].role == "user":
+            return call("subagent", task="dig", agent="small")
+        return reply(f"done {request.session}")
+
+    config = loopd_config.replace(
+        model=ModelConfig(name="big-model"),
+        agents={"small": AgentConfig(model="small-model", description="A small one.")},
+    )
+    model = ScriptedModel(script)
+    rt = loopd_runtime(model=model, config=config, tracer=OtelTracer(tracer_provider=provider))
+    events: list[object] = []
+    rt.subscribe(events.append)
+    assert rt.run_turn("boss", "go", timeout=WAIT) == TurnCompleted("boss", "done boss")
+    assert rt.run_turn("solo", "hi", timeout=WAIT, agent="small").content == "done solo"
+    rt.stop()
+
+    sent = {(r.session, r.options.model) for r in model.requests}
+    assert sent == {("boss", None), ("sub-boss-1", "small-model"), ("solo", "small-model")}
+    finished = exporter.get_finished_spans()
+    chats = {
+        (s.parent.span_id, s.name, s.attributes["gen_ai.request.model"])
+        for s in finished
+        if s.name.startswith("chat ")
+    }
+    named = by_name(finished)
+    turns = {
+        session: named[f"invoke_agent {session}"] for session in ("boss", "sub-boss-1", "solo")
+    }
+    for session, agent, model_name in [
+        ("boss", "default", "big-model"),
+        ("sub-boss-1", "small", "small-model"),
+        ("solo", "small", "small-model"),
+    ]:
+        turn = turns[session]
+        assert turn.attributes["gen_ai.agent.name"] == agent
+        assert turn.attributes["gen_ai.conversation.id"] == session
+        assert turn.attributes["loopd.session"] == session
+        assert turn.attributes["gen_ai.request.model"] == model_name
+        span_id = turn.context.span_id
+        assert (span_id, f"chat {model_name}", model_name) in chats
+        assert not any(c[0] == span_id and c[2] != model_name for c in chats)
+    assert named["execute_tool subagent"].attributes["loopd.child.agent"] == "small"
+    started = {e.session: e.agent for e in events if isinstance(e, TurnStarted)}
+    assert started == {"boss": "default", "sub-boss-1": "small", "solo": "small"}
+    [spawned] = [e for e in events if isinstance(e, SubagentStarted)]
+    assert (spawned.child, spawned.agent) == ("sub-boss-1", "small")
+
+    capsys.readouterr()
+    assert main(["sessions", "--json", "--home", config.home]) == 0
+    rows = [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+    assert {row["id"]: row["agent"] for row in rows} == {
+        "boss": "default",
+        "sub-boss-1": "small",
+        "solo": "small",
+    }

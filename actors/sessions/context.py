@@ -378,7 +378,8 @@ class ContextActor(DispatchedActor):
             detail = f"session {child} is held already"
             self._answer_failure(hold, FailReason.BUSY, detail, turn_began=False)
             return
-        self._emit(SubagentStarted(session=msg.parent, call_id=msg.call_id, child=child))
+        started = SubagentStarted(msg.parent, msg.call_id, child, agent=msg.agent)
+        self._emit(started)
         timeout = self.config.loop.child_timeout_s
         if timeout is not None:
             message = ChildTimedOut(child, spawn)
