@@ -402,3 +402,38 @@ def test_spans_events_and_the_session_list_name_each_sessions_profile(
         "sub-boss-1": "small",
         "solo": "small",
     }
+
+
+def test_a_global_provider_whose_processor_raises_changes_no_outcome(tmp_path: Path) -> None:
+    """Issue 19 A4 with the application's global provider (the default tracer's), in a fresh
+    process since the global provider can be set only once."""
+    code = textwrap.dedent(
+        f"""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+        from actors import Config, Runtime
+        from actors.testing import ScriptedModel, call, reply
+
+        class Failing(SpanProcessor):
+            def on_start(self, span, parent_context=None):
+                raise RuntimeError("on_start broke")
+
+            def on_end(self, span):
+                raise RuntimeError("on_end broke")
+
+        provider = TracerProvider()
+        provider.add_span_processor(Failing())
+        trace.set_tracer_provider(provider)
+        model = ScriptedModel([call("subagent", task="dig"), reply("dug"), reply("done")])
+        with Runtime.start(Config(home={str(tmp_path)!r}), model=model) as rt:
+            print(rt.run_turn("s", "go", timeout=10).content, rt.tracer.failures > 0)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done True"
+    assert done.stderr.count("the tracer OtelTracer failed") == 1, done.stderr
