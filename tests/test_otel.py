@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from actors import ModelConfig, port_tool
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import ScriptedModel, call, reply
+from actors.tracing.base import GuardedTracer
 from actors.tracing.otel import OtelTracer
 from messages import (
     FailReason,
@@ -26,7 +27,9 @@ from messages import (
     StartTurn,
     SubagentRequest,
     SubagentStarted,
+    ToolCallStarted,
     TurnCompleted,
+    TurnEnded,
     TurnFailed,
     TurnStarted,
 )
@@ -437,3 +440,24 @@ def test_a_global_provider_whose_processor_raises_changes_no_outcome(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "done True"
     assert done.stderr.count("the tracer OtelTracer failed") == 1, done.stderr
+
+
+def test_a_processor_failing_at_one_span_leaves_the_turns_other_spans_whole(caplog) -> None:
+    """Issue 19 A4: when ending one span of a turn raises (a cancelled turn's open call), the
+    turn's own span still ends and is exported."""
+    exporter = InMemorySpanExporter()
+
+    class FailsAtTools(SimpleSpanProcessor):
+        def on_end(self, span) -> None:
+            if span.name.startswith("execute_tool"):
+                raise RuntimeError("this exporter hates tools")
+            super().on_end(span)
+
+    provider = TracerProvider()
+    provider.add_span_processor(FailsAtTools(exporter))
+    tracer = GuardedTracer(OtelTracer(tracer_provider=provider))
+    tracer.on_event(TurnStarted(session="s", slot=0), None)
+    tracer.on_event(ToolCallStarted(session="s", call_id=1, name="slow"), None)
+    tracer.on_event(TurnEnded(session="s", completed=False, reason=FailReason.CANCELLED), None)
+    assert [s.name for s in exporter.get_finished_spans()] == ["invoke_agent s"]
+    assert tracer.failures == 1

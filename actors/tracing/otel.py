@@ -224,11 +224,23 @@ class OtelTracer:
             ]
         for span in left:
             span.set_status(Status(StatusCode.ERROR, "the turn ended first"))
+        if turn is not None:  # None: refused before it began (busy, store error), no span
+            if not event.completed:
+                reason = str(event.reason) if event.reason is not None else "failed"
+                turn.set_attribute("error.type", reason)
+                turn.set_status(Status(StatusCode.ERROR, event.detail or reason))
+            left.append(turn)
+        _end_all(left)
+
+
+def _end_all(spans: list[Span]) -> None:
+    """End every span, even when a span processor raises at one of them; the first error is
+    raised after the others have ended (the runtime's tracer guard logs it)."""
+    failed: Exception | None = None
+    for span in spans:
+        try:
             span.end()
-        if turn is None:  # refused before it began (busy, store error): no span was opened
-            return
-        if not event.completed:
-            reason = str(event.reason) if event.reason is not None else "failed"
-            turn.set_attribute("error.type", reason)
-            turn.set_status(Status(StatusCode.ERROR, event.detail or reason))
-        turn.end()
+        except Exception as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
