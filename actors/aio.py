@@ -3,28 +3,43 @@
 The actors run on their own threads as always; this module only bridges their answers onto an
 event loop. Nothing here blocks the loop: a turn's outcome and every event come back through a
 mailbox whose ``tell`` hands the message to the loop with ``call_soon_threadsafe``, and the few
-calls that must wait for an actor (start, stop, cancel) wait in a worker thread.
+calls that must wait for an actor (start, stop, cancel, live) wait in a worker thread.
+
+Its methods take the same arguments as :class:`~actors.Runtime`'s of the same name (a test
+compares their signatures), and check them the same way, before anything is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from actors.core.config import Config
-from actors.models.base import ChatModel
-from actors.runtime import Runtime
+from actors.core.config import Config, check_wait
+from actors.models.base import AsyncChatModel, ChatModel
+from actors.runtime import Runtime, _utc_now
 from actors.services.tool_loop import tools_on
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool
 from actors.tracing.base import Tracer
-from messages import CancelTurn, SubagentStarted, TurnEvent, TurnOutcome, check_session_id
+from messages import (
+    CancelTurn,
+    FailReason,
+    Inspect,
+    SubagentStarted,
+    TurnEvent,
+    TurnFailed,
+    TurnOutcome,
+    check_session_id,
+)
 
 __all__ = ["AsyncRuntime", "AsyncStart"]
+
+log = logging.getLogger(__name__)
 
 
 class _LoopMailbox:
@@ -76,8 +91,9 @@ class AsyncRuntime:
         async with AsyncRuntime.start(config, model=model) as rt:
             outcome = await rt.run_turn("mm-thread", "hello", timeout=120)
 
-    Cancelling the task that awaits :meth:`run_turn` cancels the turn and its children, as
-    :meth:`cancel` does. :meth:`events` iterates over turn events until the runtime stops.
+    Cancelling the task that awaits :meth:`run_turn` cancels the turn that task started and its
+    children, as :meth:`cancel` does; never another caller's turn (a run_turn refused
+    ``busy`` started none). :meth:`events` iterates over turn events until the runtime stops.
     The underlying thread-side facade is :attr:`runtime`.
     """
 
@@ -85,26 +101,30 @@ class AsyncRuntime:
         self.runtime = runtime
         self._feeds: set[_EventFeed] = set()
         self._stopped = False
+        # The checks of cancelled run_turn tasks still under way (strong refs: a task that
+        # nobody holds may be collected before it ends).
+        self._checks: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def start(
         config: Config,
         *,
-        model: ChatModel | None = None,
+        model: ChatModel | AsyncChatModel | None = None,
         tools: Iterable[PortTool] | None = None,
         memory: MemorySource | None = None,
-        clock: Callable[[], datetime] | None = None,
+        clock: Callable[[], datetime] = _utc_now,
         tracer: Tracer | None = None,
     ) -> AsyncStart:
         """Start a runtime with the arguments of :meth:`Runtime.start`.
 
         Use the result with ``async with`` (the runtime stops when the block ends) or await it
         (then call :meth:`stop` yourself). The actors start in a worker thread, off the loop.
+        Cancelling the task that awaits the start stops what it started before the
+        cancellation goes on, so the home is free again when the task has ended.
         """
-        options: dict[str, Any] = {} if clock is None else {"clock": clock}
         return AsyncStart(
             lambda: Runtime.start(
-                config, model=model, tools=tools, memory=memory, tracer=tracer, **options
+                config, model=model, tools=tools, memory=memory, clock=clock, tracer=tracer
             )
         )
 
@@ -113,45 +133,104 @@ class AsyncRuntime:
         """The Context actor's ref (``tell`` never blocks; do not ``ask().get()`` on the loop)."""
         return self.runtime.context
 
+    async def send_turn(
+        self,
+        session: str,
+        text: str,
+        *,
+        speaker: str | None = None,
+        reply_to: str | None = None,
+        agent: str | None = None,
+    ) -> None:
+        """Start a turn without waiting for it, as :meth:`Runtime.send_turn` does (it only tells
+        the Context, so it never blocks the loop); its outcome goes to ``reply_to``, if any."""
+        self.runtime.send_turn(session, text, speaker=speaker, reply_to=reply_to, agent=agent)
+
     async def run_turn(
-        self, session: str, text: str, timeout: float | None = None, *, speaker: str | None = None
+        self,
+        session: str,
+        text: str,
+        timeout: float | None = None,
+        *,
+        speaker: str | None = None,
+        agent: str | None = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended, without blocking the loop.
 
-        Raises ``ValueError`` for an invalid session id before anything is stored and
-        ``TimeoutError`` after ``timeout`` seconds (the turn goes on). Cancelling the awaiting
-        task cancels the turn and every child below it.
+        ``agent`` picks the profile of a new session, as in :meth:`Runtime.run_turn`. Raises
+        what that raises, before anything is sent or stored: ``ValueError`` for an invalid
+        session id, a ``timeout`` that is not a finite number of seconds above 0, or an unknown
+        ``agent``; ``TypeError`` for text that is not a ``str``. ``ValueError`` too when
+        ``agent`` is not the stored session's. ``TimeoutError`` after ``timeout`` seconds (the
+        turn goes on). Cancelling the awaiting task cancels the turn it started and every child
+        below it; a turn it did not start (it was refused ``busy``) is left alone.
         """
         check_session_id(session)
+        check_wait(timeout, "timeout")  # before anything is sent: no nan deadline on the loop
         loop = asyncio.get_running_loop()
         future: asyncio.Future[TurnOutcome] = loop.create_future()
         mailbox = _LoopMailbox(loop, future)
         directory = self.runtime.directory
         address = directory.unique("aio")
         directory.register(address, mailbox)
+        kept = False  # the mailbox outlives this call while a cancelled task's check runs
         try:
-            self.runtime.send_turn(session, text, speaker=speaker, reply_to=address)
+            self.runtime.send_turn(session, text, speaker=speaker, reply_to=address, agent=agent)
             try:
                 async with asyncio.timeout(timeout):
-                    return await asyncio.shield(future)
+                    outcome = await asyncio.shield(future)
             except TimeoutError:
                 raise TimeoutError(
                     f"the turn of {session} did not end within {timeout} s; it goes on"
                 ) from None
             except asyncio.CancelledError:
                 if not future.done() and not self._stopped:
-                    # tell, not ask: the loop does not wait for the Context's answer
-                    self.runtime.context.tell(
-                        CancelTurn(session, "the awaiting task was cancelled")
+                    kept = True
+                    check = loop.create_task(
+                        self._cancel_if_started(session, future, address, mailbox)
                     )
+                    self._checks.add(check)
+                    check.add_done_callback(self._checks.discard)
                 raise
+            if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+                raise ValueError(outcome.detail)
+            return outcome
         finally:
-            directory.unregister(address, mailbox)
+            if not kept:
+                directory.unregister(address, mailbox)
+
+    async def _cancel_if_started(
+        self,
+        session: str,
+        future: asyncio.Future[TurnOutcome],
+        address: str,
+        mailbox: _LoopMailbox,
+    ) -> None:
+        """Cancel ``session``'s turn only if the StartTurn this ``future`` waits on holds it.
+
+        The Context answers its messages in order, and refuses a StartTurn (``busy``) the
+        moment it takes it: so once it has answered an :class:`~messages.Inspect` sent after
+        that StartTurn, a refusal has reached ``future`` (its callback was queued on the loop
+        before this task wakes). A future still open then means our turn holds the session.
+        """
+        try:
+            await asyncio.to_thread(self.runtime.context.ask, Inspect(), timeout=10.0)
+            if not future.done() and not self._stopped:
+                # tell, not ask: the loop does not wait for the Context's answer
+                self.runtime.context.tell(CancelTurn(session, "the awaiting task was cancelled"))
+        except Exception:  # the runtime is stopping: the Context answers every turn itself
+            log.debug("the Context did not answer; the turn of %s was not cancelled", session)
+        finally:
+            self.runtime.directory.unregister(address, mailbox)
 
     async def cancel(self, session: str, timeout: float = 10.0) -> tuple[str, ...]:
         """Cancel ``session``'s running turn and its children; the ids that were cancelled."""
         check_session_id(session)
         return await asyncio.to_thread(self.runtime.cancel, session, timeout)
+
+    async def live(self, timeout: float = 10.0) -> tuple[str, ...]:
+        """The ids of the sessions whose actor is live now (:meth:`Runtime.live`)."""
+        return await asyncio.to_thread(self.runtime.live, timeout)
 
     async def events(self, session: str | None = None) -> AsyncIterator[TurnEvent]:
         """Every turn event from now on (only ``session``'s and its children's, if given).
@@ -205,9 +284,21 @@ class AsyncStart:
         self._runtime: AsyncRuntime | None = None
 
     async def _run(self) -> AsyncRuntime:
-        # The port runs async def tools on this loop, where the app's futures live.
+        # The port runs async def tools on this loop, where the app's futures live (the
+        # thread's task copies this context).
         with tools_on(asyncio.get_running_loop()):
-            runtime = await asyncio.to_thread(self._start)
+            starting = asyncio.ensure_future(asyncio.to_thread(self._start))
+        try:
+            runtime = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The start goes on in its thread: stop what it starts, and only then let the
+            # cancellation go on, so nothing is left running and the home is free.
+            cleanup = asyncio.ensure_future(_stop_when_started(starting))
+            while not cleanup.done():
+                # A stop that fails has logged why; the cancellation goes on all the same.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.shield(cleanup)
+            raise
         return AsyncRuntime(runtime)
 
     def __await__(self) -> Generator[Any, None, AsyncRuntime]:
@@ -225,3 +316,12 @@ class AsyncStart:
     ) -> None:
         if self._runtime is not None:
             await self._runtime.stop()
+
+
+async def _stop_when_started(starting: asyncio.Future[Runtime]) -> None:
+    """Stop the runtime ``starting`` gives, once it has one (a failed start left nothing)."""
+    try:
+        runtime = await starting
+    except Exception:
+        return
+    await asyncio.to_thread(runtime.stop)

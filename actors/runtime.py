@@ -48,7 +48,7 @@ from actors.tools.tool import (
     port_lost,
     port_timeout,
 )
-from actors.tracing.base import NoTracer, Tracer
+from actors.tracing.base import NoTracer, Tracer, guarded
 from messages import (
     CancelTurn,
     ContextStatus,
@@ -334,7 +334,8 @@ class Runtime:
             keep_truncated=config.model.on_length == "keep",
         )
         dispatcher = Dispatcher(config.runtime.threads, name="loopd")
-        tracer = tracer if tracer is not None else default_tracer()
+        # Guarded: a tracer that raises (a failing span processor) never changes an outcome.
+        tracer = guarded(tracer if tracer is not None else default_tracer())
         tracer.configure(config)
         env = SessionEnv(
             directory,
@@ -597,13 +598,32 @@ def _engine(name: str) -> Any:
     )
 
 
+_otel_broken = False
+"""Set once OpenTelemetry failed to import: the warning is given once per process."""
+
+
 def default_tracer() -> Tracer:
     """OpenTelemetry's tracer (:class:`~actors.tracing.otel.OtelTracer`, global provider)
-    when ``opentelemetry-api`` is installed; otherwise :class:`NoTracer`, importing nothing."""
-    if importlib.util.find_spec("opentelemetry") is None:  # looks, imports nothing
-        return NoTracer()
-    if importlib.util.find_spec("opentelemetry.trace") is None:  # another opentelemetry part
-        return NoTracer()
-    from actors.tracing.otel import OtelTracer
+    when ``opentelemetry-api`` is installed; otherwise :class:`NoTracer`, importing nothing.
 
-    return OtelTracer()
+    An OpenTelemetry that is installed but fails to import (a broken or mismatched install)
+    means no tracing and one warning, never a failed start."""
+    global _otel_broken
+    if _otel_broken:
+        return NoTracer()
+    try:
+        if importlib.util.find_spec("opentelemetry") is None:  # looks, imports nothing
+            return NoTracer()
+        if importlib.util.find_spec("opentelemetry.trace") is None:  # another opentelemetry part
+            return NoTracer()
+        from actors.tracing.otel import OtelTracer
+
+        return OtelTracer()
+    except Exception as exc:  # an optional extra: whatever its import raises, start goes on
+        _otel_broken = True
+        log.warning(
+            "loopd: OpenTelemetry is installed but cannot be loaded (%s: %s); tracing is off",
+            type(exc).__name__,
+            exc,
+        )
+        return NoTracer()

@@ -39,10 +39,11 @@ class _Event(Message, frozen=True, kw_only=True):
 
 
 class TurnStarted(_Event, frozen=True):
-    """``session`` began a turn on ``slot``."""
+    """``session`` began a turn on ``slot``, as agent profile ``agent``."""
 
     session: SessionId
     slot: int
+    agent: str = "default"
 
 
 class ModelRequestSent(_Event, frozen=True):
@@ -112,11 +113,13 @@ class ToolWorkerLost(_Event, frozen=True):
 
 
 class SubagentStarted(_Event, frozen=True):
-    """``session`` (the parent) spawned ``child`` for its call ``call_id``."""
+    """``session`` (the parent) spawned ``child`` for its call ``call_id``; the child runs
+    agent profile ``agent``."""
 
     session: SessionId
     call_id: CallId
     child: SessionId
+    agent: str = "default"
 
     @property
     def parent(self) -> str:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from pathlib import Path
 
 import pytest
 
-from actors import Config
+from actors import AgentConfig, Config, Runtime
 from actors.aio import AsyncRuntime
+from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import ScriptedModel, call, reply
 from messages import (
     FailReason,
@@ -182,3 +184,175 @@ def test_bad_input_and_timeouts(tmp_path: Path) -> None:
     finally:
         release.set()
     assert len(model.requests) == 1
+
+
+class GatedMemory:
+    """A memory source whose ``block`` (read by the Context for each new session) waits while
+    the gate is shut: it holds the Context, so messages queue behind it in order."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.entered = threading.Event()
+
+    def block(self) -> str:
+        if not self.open.is_set():
+            self.entered.set()
+            self.open.wait(WAIT)
+        return ""
+
+    def updated(self, session: str, turns: int) -> None:
+        pass
+
+
+def test_cancelling_a_task_refused_busy_leaves_the_running_turn_alone(tmp_path: Path) -> None:
+    """Issue 19 A6: a second run_turn on a busy session is refused busy; cancelling its task
+    before that answer came back must not cancel the first caller's turn."""
+    release = threading.Event()
+    memory = GatedMemory()
+
+    def script(request: ModelRequest):
+        if request.session == "s":
+            release.wait(WAIT)
+        return reply(f"done {request.session}")
+
+    model = ScriptedModel(script)
+
+    async def main() -> tuple[object, object]:
+        async with AsyncRuntime.start(config(tmp_path), model=model, memory=memory) as rt:
+            first = asyncio.create_task(rt.run_turn("s", "one", timeout=WAIT))
+            await asyncio.to_thread(model.wait_for_requests, 1, WAIT)
+            # Hold the Context in a new session's memory read: what comes next queues behind.
+            memory.open.clear()
+            other = asyncio.create_task(rt.run_turn("other", "x", timeout=WAIT))
+            assert await asyncio.to_thread(memory.entered.wait, WAIT)
+            second = asyncio.create_task(rt.run_turn("s", "two", timeout=WAIT))
+            await asyncio.sleep(0)  # it has sent its StartTurn, not yet heard the refusal
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            memory.open.set()
+            assert await other == TurnCompleted("other", "done other")
+            await asyncio.to_thread(rt.runtime.live)  # the Context has taken all it was sent
+            release.set()
+            return await first, await rt.run_turn("s", "three", timeout=WAIT)
+
+    try:
+        outcome, again = asyncio.run(main())
+    finally:
+        release.set()
+        memory.open.set()
+    assert outcome == TurnCompleted("s", "done s")
+    assert again == TurnCompleted("s", "done s")
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, float("nan"), "5", float("inf"), 1e308, True])
+def test_a_bad_timeout_is_refused_before_anything_is_sent(tmp_path: Path, timeout) -> None:
+    """Issue 19 A7: the same ValueError as Runtime.run_turn, before the turn is sent or stored,
+    and the loop's timers still work afterwards."""
+    model = ScriptedModel([reply("never")])
+
+    async def main() -> None:
+        async with AsyncRuntime.start(config(tmp_path), model=model) as rt:
+            with pytest.raises(ValueError, match="timeout must be") as refused:
+                await rt.run_turn("s", "hi", timeout=timeout)
+            with pytest.raises(ValueError) as sync_refused:
+                rt.runtime.run_turn("s", "hi", timeout=timeout)
+            assert str(refused.value) == str(sync_refused.value)
+            await asyncio.wait_for(asyncio.sleep(0.01), WAIT)  # a timer still fires
+            assert await rt.live() == ()
+
+    asyncio.run(main())
+    assert model.requests == []
+    with SessionStore(Path(config(tmp_path).home) / DB_NAME) as store:
+        assert store.list_sessions() == []
+
+
+class GatedStart:
+    """A tracer whose ``configure`` (called inside ``Runtime.start``) waits for a gate."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def configure(self, config: Config) -> None:
+        self.entered.set()
+        self.go.wait(WAIT)
+
+    def caller_trace(self) -> None:
+        return None
+
+    def on_event(self, event: TurnEvent, trace: object) -> None:
+        pass
+
+    def call_trace(self, session: str, call_id: int) -> None:
+        return None
+
+
+def test_cancelling_the_start_stops_what_it_started(tmp_path: Path) -> None:
+    """Issue 19 A8: when the cancelled start's task has ended, the runtime it was starting is
+    stopped and the home is free for the next start."""
+    gate = GatedStart()
+
+    async def main() -> object:
+        starting = asyncio.create_task(
+            AsyncRuntime.start(config(tmp_path), model=ScriptedModel([]), tracer=gate)._run()
+        )
+        await asyncio.to_thread(gate.entered.wait, WAIT)
+        starting.cancel()
+        await asyncio.sleep(0)
+        assert not starting.done()  # it waits for the start to end, then stops it
+        gate.go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        async with AsyncRuntime.start(config(tmp_path), model=ScriptedModel([reply("hi")])) as rt:
+            return await rt.run_turn("s", "hi", timeout=WAIT)
+
+    try:
+        assert asyncio.run(main()) == TurnCompleted("s", "hi")
+    finally:
+        gate.go.set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("loopd")]
+
+
+def test_the_two_facades_take_the_same_arguments() -> None:
+    """Issue 19 B3: every method both facades have takes the same parameters (names, kinds,
+    defaults and annotations)."""
+    shared = ["start", "send_turn", "run_turn", "cancel", "live", "stop"]
+    for name in shared:
+        sync = inspect.signature(getattr(Runtime, name))
+        aio = inspect.signature(getattr(AsyncRuntime, name))
+        assert list(aio.parameters.values()) == list(sync.parameters.values()), name
+
+
+def test_run_turn_and_send_turn_pick_the_agent(tmp_path: Path) -> None:
+    """Issue 19 B3: ``agent=`` picks the profile of a new session, as Runtime.run_turn does."""
+    model = ScriptedModel([reply("small one"), reply("sent")])
+    cfg = config(tmp_path).replace(agents={"small": AgentConfig(model="small-model")})
+
+    async def main() -> tuple[object, object]:
+        async with AsyncRuntime.start(cfg, model=model) as rt:
+            outcome = await rt.run_turn("s", "hi", timeout=WAIT, agent="small")
+            with pytest.raises(ValueError, match="no agent profile is named 'nope'"):
+                await rt.run_turn("t", "hi", agent="nope")
+            with pytest.raises(ValueError, match="small"):
+                await rt.run_turn("s", "hi", timeout=WAIT, agent="default")
+            ended = asyncio.Event()
+
+            async def watch() -> TurnEvent:
+                async for event in rt.events("u"):
+                    if isinstance(event, TurnEnded):
+                        return event
+                raise AssertionError("no end")
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0)
+            await rt.send_turn("u", "go", agent="small")
+            ended.set()
+            return outcome, await asyncio.wait_for(watcher, WAIT)
+
+    outcome, end = asyncio.run(main())
+    assert outcome == TurnCompleted("s", "small one")
+    assert end.completed
+    assert [r.agent for r in model.requests] == ["small", "small"]
+    assert model.requests[0].options.model == "small-model"

@@ -99,7 +99,7 @@ def test_sessions_and_sessions_show_as_json_lines(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert {r["id"] for r in rows} == {"main", "sub-main-1"}
-    assert set(rows[0]) == {"id", "slot", "turns", "untrusted", "messages", "updated_at"}
+    assert set(rows[0]) == {"id", "slot", "turns", "untrusted", "agent", "messages", "updated_at"}
     shown = loopd(tmp_path, "sessions", "show", "main", "--json")
     assert shown.returncode == 0, shown.stderr
     head, *lines = [json.loads(line) for line in shown.stdout.splitlines()]

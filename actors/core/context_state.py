@@ -261,9 +261,7 @@ class ContextState:
         if not self.holds.hold(hold):
             detail = f"session {child} is held already"
             return hold.failure(FailReason.BUSY, detail, turn_began=False)
-        effects: Effects = [
-            Emit(SubagentStarted(session=msg.parent, call_id=msg.call_id, child=child))
-        ]
+        effects: Effects = [Emit(SubagentStarted(msg.parent, msg.call_id, child, agent=msg.agent))]
         timeout = self.config.loop.child_timeout_s
         if timeout is not None:
             effects.append(StartTimer(child, spawn, timeout))

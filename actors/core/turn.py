@@ -161,6 +161,7 @@ class Turn:
     limits: Limits
     ids: Iterator[int]
     clock: Callable[[], datetime]
+    agent: str = "default"  # the session's profile, named in its TurnStarted
     step: int = 0
     phase: _Phase = _Phase.IDLE
     outcome: TurnOutcome | None = None
@@ -192,7 +193,7 @@ class Turn:
         """
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
-        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot))
+        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot, agent=self.agent))
         if stored:
             self._turn_start = len(self.state.transcript) - 1
             return [event, *self._ask()]

@@ -216,7 +216,12 @@ class SessionActor(DispatchedActor):
         self.create = message.create
         self.text = message.text
         self.turn = Turn(
-            self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
+            self.state,
+            self.agent.registry,
+            self.env.limits,
+            self.env.request_ids,
+            self.env.clock,
+            agent=self.agent.name,
         )
         self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
 
@@ -232,7 +237,12 @@ class SessionActor(DispatchedActor):
         # answer not stored) is dropped; the stored turn is repaired first, as on a restart.
         self.state = SessionState.from_record(message.record)
         self.turn = Turn(
-            self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
+            self.state,
+            self.agent.registry,
+            self.env.limits,
+            self.env.request_ids,
+            self.env.clock,
+            agent=self.agent.name,
         )
         return self.turn.start(self.text)
 

@@ -247,6 +247,7 @@ def _session_row(info: Any) -> dict[str, Any]:
         "slot": info.slot,
         "turns": info.turns,
         "untrusted": info.untrusted,
+        "agent": info.agent,
         "messages": info.messages,
         "updated_at": info.updated_at,
     }

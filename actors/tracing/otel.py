@@ -60,11 +60,26 @@ class OtelTracer:
         self._turns: dict[str, Span] = {}
         self._models: dict[tuple[str, int], Span] = {}
         self._tools: dict[tuple[str, int], Span] = {}
+        self._agents: dict[str, str] = {}  # the profile of each session with a turn running
         self.model_name = ""
+        self.model_names: dict[str, str] = {}
+        """The ``model`` each agent profile's requests name, by profile."""
 
     def configure(self, config: Config) -> None:
-        """Take the model's name for ``gen_ai.request.model``."""
+        """Take each profile's model name for ``gen_ai.request.model`` and the chat spans:
+        ``[agents.NAME] model``, else ``model.name``."""
         self.model_name = config.model.name
+        self.model_names = {
+            name: config.agent(name).model or config.model.name for name in config.agent_names()
+        }
+
+    def model_of(self, session: str) -> str:
+        """The model ``session``'s requests name (its profile's, learned at its TurnStarted)."""
+        with self._lock:
+            agent = self._agents.get(session)
+        if agent is None:
+            return self.model_name
+        return self.model_names.get(agent, self.model_name)
 
     def caller_trace(self) -> Trace | None:
         """The caller's current span as a carrier, or None when it has none."""
@@ -97,14 +112,15 @@ class OtelTracer:
             case TurnStarted():
                 self._turn_started(event, trace_context)
             case ModelRequestSent():
+                model = self.model_of(event.session)
                 self._child_span(
                     self._models,
                     (event.session, event.step),
-                    f"chat {self.model_name}".strip(),
+                    f"chat {model}".strip(),
                     SpanKind.CLIENT,
                     {
                         "gen_ai.operation.name": "chat",
-                        "gen_ai.request.model": self.model_name,
+                        "gen_ai.request.model": model,
                         "loopd.session": event.session,
                         "loopd.slot": event.slot,
                         "loopd.step": event.step,
@@ -130,6 +146,7 @@ class OtelTracer:
                     span = self._tools.get((event.session, event.call_id))
                 if span is not None:
                     span.set_attribute("loopd.child", event.child)
+                    span.set_attribute("loopd.child.agent", event.agent)
             case ToolCallFinished():
                 with self._lock:
                     span = self._tools.pop((event.session, event.call_id), None)
@@ -145,15 +162,17 @@ class OtelTracer:
 
     def _turn_started(self, event: TurnStarted, carrier: Trace | None) -> None:
         parent = propagate.extract(carrier or {})
+        with self._lock:
+            self._agents[event.session] = event.agent
         span = self._tracer.start_span(
             f"invoke_agent {event.session}",
             context=parent,
             kind=SpanKind.INTERNAL,
             attributes={
                 "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": event.session,
+                "gen_ai.agent.name": event.agent,  # the profile; the session is the conversation
                 "gen_ai.conversation.id": event.session,
-                "gen_ai.request.model": self.model_name,
+                "gen_ai.request.model": self.model_of(event.session),
                 "loopd.session": event.session,
                 "loopd.slot": event.slot,
             },
@@ -196,6 +215,7 @@ class OtelTracer:
     def _turn_ended(self, event: TurnEnded) -> None:
         with self._lock:
             turn = self._turns.pop(event.session, None)
+            self._agents.pop(event.session, None)
             # Whatever is still open of this session's turn ends with it (a model error, a cancel).
             left = [
                 table.pop(key)
@@ -204,11 +224,23 @@ class OtelTracer:
             ]
         for span in left:
             span.set_status(Status(StatusCode.ERROR, "the turn ended first"))
+        if turn is not None:  # None: refused before it began (busy, store error), no span
+            if not event.completed:
+                reason = str(event.reason) if event.reason is not None else "failed"
+                turn.set_attribute("error.type", reason)
+                turn.set_status(Status(StatusCode.ERROR, event.detail or reason))
+            left.append(turn)
+        _end_all(left)
+
+
+def _end_all(spans: list[Span]) -> None:
+    """End every span, even when a span processor raises at one of them; the first error is
+    raised after the others have ended (the runtime's tracer guard logs it)."""
+    failed: Exception | None = None
+    for span in spans:
+        try:
             span.end()
-        if turn is None:  # refused before it began (busy, store error): no span was opened
-            return
-        if not event.completed:
-            reason = str(event.reason) if event.reason is not None else "failed"
-            turn.set_attribute("error.type", reason)
-            turn.set_status(Status(StatusCode.ERROR, event.detail or reason))
-        turn.end()
+        except Exception as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
