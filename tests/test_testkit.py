@@ -18,7 +18,7 @@ from actors.core.config import AgentConfig
 from actors.models.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
-from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed
+from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed, Usage
 
 
 def request(session: str = "s", n: int = 1) -> ModelRequest:
@@ -294,7 +294,9 @@ def test_the_switch_makes_a_runtime_for_a_real_model_fail_loudly(tmp_path, monke
     with ChatServer([reply("fake but fine")]) as server:
         fake = config.replace(model=ModelConfig(base_url=server.base_url))
         with Runtime.start(fake) as rt:
-            assert rt.run_turn("s", "hi", timeout=10) == TurnCompleted("s", "fake but fine")
+            assert rt.run_turn("s", "hi", timeout=10) == TurnCompleted(
+                "s", "fake but fine", usage=Usage(requests=1, unmeasured_requests=1)
+            )
     with pytest.raises(RealModelForbidden):  # stopped: no longer a fake that serves
         Runtime.start(fake)
     # slots.total = "auto" asks the server for its slots at start: a real request too.
@@ -355,7 +357,9 @@ def test_the_chat_server_runs_on_its_own_from_a_script_file(tmp_path) -> None:
         base_url = first.split()[1]
         config = Config(home=str(tmp_path / "home"), model=ModelConfig(base_url=base_url))
         with Runtime.start(config) as rt:
-            assert rt.run_turn("s", "what time?", timeout=10) == TurnCompleted("s", "It is late.")
+            assert rt.run_turn("s", "what time?", timeout=10) == TurnCompleted(
+                "s", "It is late.", usage=Usage(requests=2, unmeasured_requests=2)
+            )
         server.send_signal(signal.SIGTERM)
         out, _err = server.communicate(timeout=10)
     finally:

@@ -244,7 +244,7 @@ def parse_usage(data: Mapping[str, Any], *, prompt_limit: int | None = None) -> 
     :func:`prompt_token_limit`) counts as one unmeasured request of zero tokens, and an
     impossible one is logged (once per process).
     """
-    unmeasured = Usage()  # B5-OFF
+    unmeasured = Usage(requests=1, unmeasured_requests=1)
     usage = data.get("usage")
     if not isinstance(usage, dict):
         return unmeasured
