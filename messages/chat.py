@@ -33,14 +33,17 @@ class Usage(Message, frozen=True):
     """Tokens one or more model requests cost, as the server reported them.
 
     ``cached_tokens`` are the prompt tokens the server reused from its cache (llama.cpp's
-    ``timings.cache_n``); ``requests`` counts the requests summed here. A server that reports no
-    usage counts as zero tokens.
+    ``timings.cache_n``); ``requests`` counts the requests summed here, every one of them.
+    ``unmeasured_requests`` counts those of them whose server reported no usage (or an
+    impossible one): their tokens are unknown, counted as zero.
     """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     requests: int = 0
+    unmeasured_requests: int = 0
+    """Added later: usage stored before it decodes with 0."""
 
 
 class ChatMessage(Message, frozen=True):

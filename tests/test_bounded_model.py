@@ -23,7 +23,14 @@ from messages import (
     ToolCall,
     TurnCompleted,
     TurnFailed,
+    Usage,
 )
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 20.0
 
@@ -64,8 +71,12 @@ def test_arguments_that_are_not_json_do_not_break_the_next_turn(
 
     server = chat_server(refuses_bad_arguments(answer))
     rt = http_runtime(loopd_runtime, server, loopd_config)
-    assert rt.run_turn("s", "first", timeout=WAIT) == TurnCompleted("s", "sorry")
-    assert rt.run_turn("s", "second", timeout=WAIT) == TurnCompleted("s", "sorry")
+    assert rt.run_turn("s", "first", timeout=WAIT) == TurnCompleted(
+        "s", "sorry", usage=unmeasured(2)
+    )
+    assert rt.run_turn("s", "second", timeout=WAIT) == TurnCompleted(
+        "s", "sorry", usage=unmeasured(2)
+    )
     assert server.errors == []
     denial = server.requests[1]["messages"][-1]["content"]
     assert denial.endswith("arguments must be a JSON object.")
@@ -97,7 +108,9 @@ def test_a_stored_history_the_server_refused_is_repaired(
         )
     server = chat_server(refuses_bad_arguments(lambda body: reply("back on track")))
     rt = http_runtime(loopd_runtime, server, loopd_config)
-    assert rt.run_turn("old", "still there?", timeout=WAIT) == TurnCompleted("old", "back on track")
+    assert rt.run_turn("old", "still there?", timeout=WAIT) == TurnCompleted(
+        "old", "back on track", usage=unmeasured(1)
+    )
 
 
 def too_long_after(limit_chars: int, answer: Any) -> Any:
@@ -181,7 +194,9 @@ def test_on_length_keep_completes_marked_truncated(
     server = chat_server([cut_off("Once upon a time there")])
     rt = http_runtime(loopd_runtime, server, loopd_config, max_tokens=8, on_length="keep")
     outcome = rt.run_turn("s", "tell me a story", timeout=WAIT)
-    assert outcome == TurnCompleted("s", "Once upon a time there", truncated=True)
+    assert outcome == TurnCompleted(
+        "s", "Once upon a time there", truncated=True, usage=unmeasured(1)
+    )
 
 
 def test_a_cut_off_tool_call_is_never_run(loopd_runtime, chat_server, loopd_config) -> None:
@@ -194,7 +209,9 @@ def test_a_cut_off_tool_call_is_never_run(loopd_runtime, chat_server, loopd_conf
     ]
     server = chat_server([cut_off(None, broken), reply("gave up")])
     rt = http_runtime(loopd_runtime, server, loopd_config)
-    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted("s", "gave up")
+    assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted(
+        "s", "gave up", usage=unmeasured(2)
+    )
     denial = server.requests[1]["messages"][-1]["content"]
     assert denial.endswith("the call was cut off at max_tokens (2048 tokens).")
     assert len(server.requests) == 2  # no child was spawned

@@ -36,7 +36,14 @@ from messages import (
     TurnCompleted,
     TurnEnded,
     TurnFailed,
+    Usage,
 )
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 10.0
 FAST = settings(
@@ -224,7 +231,9 @@ def test_a_key_with_a_trailing_newline_is_stripped(chat_server, tmp_path, monkey
     server = chat_server([reply("hi")])
     model = ModelConfig(base_url=server.base_url, api_key_env="LOOPD_TEST_KEY", retries=0)
     with Runtime.start(Config(home=tmp_path / "home", model=model)) as rt:
-        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted("s", "hi")
+        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted(
+            "s", "hi", usage=unmeasured(1)
+        )
     assert server.request_headers[0]["authorization"] == f"Bearer {KEY}"
 
 
@@ -513,7 +522,9 @@ def test_any_answer_over_http_ends_the_turn_and_leaves_the_session_readable(body
             outcome = rt.run_turn("s", "hi", timeout=WAIT)
             if isinstance(outcome, TurnFailed):
                 assert outcome.reason == "model_error" and outcome.detail
-                assert rt.run_turn("s", "again", timeout=WAIT) == TurnCompleted("s", "fine")
+                assert rt.run_turn("s", "again", timeout=WAIT) == TurnCompleted(
+                    "s", "fine", usage=unmeasured(1)
+                )
         with SessionStore(Path(scratch) / DB_NAME) as store:
             store.open("s")
             store.history("s")

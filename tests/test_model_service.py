@@ -32,7 +32,14 @@ from messages import (
     TurnCompleted,
     TurnEvent,
     TurnFailed,
+    Usage,
 )
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 10.0
 LONG = 30.0
@@ -94,7 +101,9 @@ def test_cancelling_a_turn_closes_its_connection(loopd_runtime, loopd_config, ch
     assert (closed.number, closed.slot) == (1, 0)
     assert closed.at - cancelled_at < LONG  # the client hung up; the server did not finish
     # The session goes on, on the same slot, once the server has let go of it.
-    assert rt.run_turn("s", "again", timeout=WAIT) == TurnCompleted("s", "again")
+    assert rt.run_turn("s", "again", timeout=WAIT) == TurnCompleted(
+        "s", "again", usage=unmeasured(1)
+    )
     assert server.overlaps == []
     probe.stop()
 
@@ -112,7 +121,9 @@ def test_a_child_past_its_time_limit_has_its_connection_closed(
     server = chat_server(script)
     config = with_section(on_http(loopd_config, server), "loop", child_timeout_s=0.3)
     rt = loopd_runtime(config=config)
-    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted(
+        "p", "sub-p-1 failed", usage=unmeasured(2)
+    )
     (closed,) = server.wait_for_closed(1, timeout=WAIT)
     assert closed.slot == 1  # the child's request, on the background slot
     assert server.requests[closed.number - 1]["id_slot"] == 1
@@ -286,7 +297,9 @@ def test_a_session_asks_for_the_slot_that_caches_its_prompt(
     config = with_section(on_http(loopd_config, server), "slots", main=(0, 1, 2))
     rt = loopd_runtime(config=config)
     for session in ("a", "b", "a", "c", "b"):
-        assert rt.run_turn(session, "x", timeout=WAIT) == TurnCompleted(session, "ok")
+        assert rt.run_turn(session, "x", timeout=WAIT) == TurnCompleted(
+            session, "ok", usage=unmeasured(1)
+        )
     # a and b take the least recently used slots; back again, each gets its own slot, and c
     # takes the slot nobody has used.
     assert [body["id_slot"] for body in server.requests] == [0, 1, 0, 2, 1]
@@ -307,7 +320,7 @@ def test_children_of_one_answer_take_turns_on_the_slots_there_are(
     config = with_section(on_http(loopd_config, server), "slots", total="auto")
     rt = loopd_runtime(config=config)
     assert rt.config.slots.background == (1, 2, 3)
-    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "done")
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "done", usage=unmeasured(6))
     children = [b for b in server.requests if is_child(b)]
     assert len(children) == 4
     assert {b["id_slot"] for b in children} == {1, 2, 3}

@@ -19,7 +19,18 @@ from actors.models.http import HttpChatModel, is_retryable, props_url, retry_del
 from actors.models.wire import encode_body, parse_answer, request_body
 from actors.testing.chat_server import ChatServer, Delayed
 from actors.testing.script import Answer, RawResponse, call, calls, reply
-from messages import ChatMessage, ModelAnswer, ModelRequest, ProposedCall, ToolCall, ToolSpec
+from messages import (
+    ChatMessage,
+    ModelAnswer,
+    ModelRequest,
+    ProposedCall,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+UNMEASURED = Usage(requests=1, unmeasured_requests=1)
+"""The usage of one answer whose server reported none."""
 
 ECHO = ToolSpec(
     name="echo",
@@ -90,7 +101,8 @@ def test_body_has_the_standard_shapes_and_llama_cpp_fields(model_for: Any) -> No
         answer = model_for(server).complete(request)
         (body,) = server.requests
 
-    assert answer == ModelAnswer(session="s1", request_id=7, content="ok")
+    # No usage in the answer: the request still counts, as unmeasured.
+    assert answer == ModelAnswer(session="s1", request_id=7, content="ok", usage=UNMEASURED)
     assert body == {
         "model": "test-model",
         "id_slot": 3,
@@ -196,6 +208,7 @@ def test_tool_calls_are_parsed_with_raw_arguments_kept(model_for: Any) -> None:
     assert first == ModelAnswer(
         session="s1",
         request_id=1,
+        usage=UNMEASURED,
         content=None,
         tool_calls=(
             ProposedCall("echo", '{"text":  "hi"}'),
@@ -225,6 +238,7 @@ def test_lenient_tool_call_shapes() -> None:
     assert answer == ModelAnswer(
         session="s1",
         request_id=4,
+        usage=UNMEASURED,
         content=None,
         tool_calls=(
             ProposedCall("echo", '{"text":"hi","n":[1,2]}'),

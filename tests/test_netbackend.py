@@ -21,7 +21,7 @@ from actors.models.http import HttpChatModel
 from actors.models.netbackend import FLUSH_AT, AsyncioBackend, AsyncioStream, plain_transport
 from actors.testing import ChatServer
 from actors.testing.script import reply
-from messages import ChatMessage, ModelAnswer, ModelRequest
+from messages import ChatMessage, ModelAnswer, ModelRequest, Usage
 
 WAIT = 10.0
 
@@ -262,8 +262,11 @@ def test_the_model_client_speaks_plain_http_through_this_backend(
     with ChatServer([reply("ok"), reply("again")]) as server:
         model = HttpChatModel(ModelConfig(base_url=server.base_url, name="m"))
         try:
-            assert model.complete(request) == ModelAnswer("s1", 1, content="ok")
-            assert model.complete(request) == ModelAnswer("s1", 1, content="again")
+            unmeasured = Usage(requests=1, unmeasured_requests=1)  # no usage in the answers
+            assert model.complete(request) == ModelAnswer("s1", 1, content="ok", usage=unmeasured)
+            assert model.complete(request) == ModelAnswer(
+                "s1", 1, content="again", usage=unmeasured
+            )
         finally:
             model.close()
     assert len(built) == 2  # complete() runs on a loop of its own each time

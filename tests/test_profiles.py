@@ -29,8 +29,15 @@ from messages import (
     ToolSpec,
     TurnCompleted,
     TurnFailed,
+    Usage,
     denial_message,
 )
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 NOW = datetime(2026, 11, 29, 23, 59, 1, tzinfo=UTC)
 WAIT = 10.0
@@ -234,7 +241,9 @@ def test_a_planner_delegates_to_a_cheap_researcher_model(
     server = chat_server({"big": planner, "small": [call("clock"), reply("100 C at sea level")]})
     rt = loopd_runtime(config=planner_and_researcher(loopd_config, server.base_url))
     outcome = rt.run_turn("mm", "boil?", timeout=WAIT)
-    assert outcome == TurnCompleted("mm", "sub-mm-1 completed\n100 C at sea level")
+    assert outcome == TurnCompleted(
+        "mm", "sub-mm-1 completed\n100 C at sea level", usage=unmeasured(4)
+    )
     assert server.errors == []
 
     first, child, child_again, second = server.requests
@@ -270,7 +279,9 @@ def test_an_unknown_agent_is_denied_without_a_child(
     rt = loopd_runtime(config=planner_and_researcher(loopd_config, server.base_url))
     outcome = rt.run_turn("mm", "go", timeout=WAIT)
     assert outcome == TurnCompleted(
-        "mm", "Denied: the arguments are not valid for this tool: unknown agent: poet."
+        "mm",
+        "Denied: the arguments are not valid for this tool: unknown agent: poet.",
+        usage=unmeasured(2),
     )
     assert [b["model"] for b in server.requests] == ["big", "big"]
 
@@ -287,7 +298,9 @@ def test_a_denied_tool_called_anyway_is_unknown(chat_server, loopd_runtime, loop
     )
     rt = loopd_runtime(config=config)
     outcome = rt.run_turn("mm", "go", timeout=WAIT)
-    assert outcome == TurnCompleted("mm", "Denied: there is no tool with this name: subagent.")
+    assert outcome == TurnCompleted(
+        "mm", "Denied: there is no tool with this name: subagent.", usage=unmeasured(2)
+    )
     assert "tools" not in server.requests[0]  # nothing listed
     assert len(server.requests) == 2  # and no child
 
@@ -299,16 +312,22 @@ def test_a_session_keeps_its_agent_across_turns_and_restarts(
     config = planner_and_researcher(loopd_config, server.base_url)
     with Runtime.start(config) as rt:
         assert rt.run_turn("r1", "hi", timeout=WAIT, agent="researcher") == TurnCompleted(
-            "r1", "small"
+            "r1", "small", usage=unmeasured(1)
         )
-        assert rt.run_turn("r1", "again", timeout=WAIT) == TurnCompleted("r1", "small")
+        assert rt.run_turn("r1", "again", timeout=WAIT) == TurnCompleted(
+            "r1", "small", usage=unmeasured(1)
+        )
         with pytest.raises(ValueError, match="runs the agent profile researcher, not default"):
             rt.run_turn("r1", "as planner", timeout=WAIT, agent="default")
         with pytest.raises(ValueError, match="no agent profile is named 'poet'"):
             rt.run_turn("r2", "hi", timeout=WAIT, agent="poet")
-        assert rt.run_turn("d1", "hi", timeout=WAIT) == TurnCompleted("d1", "big")
+        assert rt.run_turn("d1", "hi", timeout=WAIT) == TurnCompleted(
+            "d1", "big", usage=unmeasured(1)
+        )
     with Runtime.start(config) as rt:  # a restart: the stored profile is read back
-        assert rt.run_turn("r1", "after", timeout=WAIT) == TurnCompleted("r1", "small")
+        assert rt.run_turn("r1", "after", timeout=WAIT) == TurnCompleted(
+            "r1", "small", usage=unmeasured(1)
+        )
         with pytest.raises(ValueError, match="not researcher"):
             rt.run_turn("d1", "x", timeout=WAIT, agent="researcher")
     with SessionStore(Path(config.home) / DB_NAME) as store:
@@ -340,7 +359,9 @@ def test_system_file_is_read_from_home_when_the_baseline_is_built(
         broken=AgentConfig(system_file="prompts/missing.md"),
     )
     rt = loopd_runtime(config=config)
-    assert rt.run_turn("w", "a poem", timeout=WAIT, agent="writer") == TurnCompleted("w", "roses")
+    assert rt.run_turn("w", "a poem", timeout=WAIT, agent="writer") == TurnCompleted(
+        "w", "roses", usage=unmeasured(1)
+    )
     assert server.requests[0]["messages"][0]["content"] == "You write short poems.\n"
     failed = rt.run_turn("b", "a poem", timeout=WAIT, agent="broken")
     assert isinstance(failed, TurnFailed) and failed.reason is FailReason.SPAWN_ERROR
@@ -402,7 +423,7 @@ def test_backends_over_http_per_model_and_per_profile(
     config = config.replace(model=msgspec.structs.replace(config.model, backend="openai"))
     rt = loopd_runtime(config=config)
     assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted(
-        "mm", "sub-mm-1 completed\nfrom llama.cpp"
+        "mm", "sub-mm-1 completed\nfrom llama.cpp", usage=unmeasured(3)
     )
     first, child, second = server.requests
     for hosted in (first, second):  # a hosted API answers 400 to fields it does not know
@@ -435,7 +456,9 @@ def test_a_profile_on_another_endpoint_with_its_own_key(
     config = loopd_config.replace(model=model, agents={"researcher": researcher})
     rt = loopd_runtime(config=config)
     outcome = rt.run_turn("mm", "go", timeout=WAIT)
-    assert outcome == TurnCompleted("mm", "sub-mm-1 completed\nfrom the other server")
+    assert outcome == TurnCompleted(
+        "mm", "sub-mm-1 completed\nfrom the other server", usage=unmeasured(3)
+    )
     assert [b["model"] for b in main.requests] == ["big", "big"]
     (child,) = hosted.requests
     assert "id_slot" not in child

@@ -30,6 +30,12 @@ from messages import (
     Usage,
 )
 
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
+
 WAIT = 10.0
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -139,7 +145,8 @@ def test_answers_and_children_stream_as_text_deltas(chat_server, loopd_runtime, 
     assert outcome == TurnCompleted(
         "mm",
         "The child wrote: it is done.",
-        usage=Usage(prompt_tokens=20, completion_tokens=7, requests=1),
+        # Three requests; two answers (the child's, the parent's first) reported no usage.
+        usage=Usage(prompt_tokens=20, completion_tokens=7, requests=3, unmeasured_requests=2),
     )
     assert all(b["stream"] is True for b in server.requests)
     assert all(b["stream_options"] == {"include_usage": True} for b in server.requests)
@@ -168,7 +175,9 @@ def test_a_broken_stream_is_a_model_error_and_is_retried(chat_server, loopd_runt
     broken = RawResponse(200, data[:120], {"Content-Type": "text/event-stream"})
     server = chat_server([broken, reply("whole this time")])
     rt = loopd_runtime(config=streaming(loopd_config, server.base_url, retries=1))
-    assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted("mm", "whole this time")
+    assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted(
+        "mm", "whole this time", usage=unmeasured(1)
+    )
     assert len(server.requests) == 2
 
     server = chat_server([broken])
@@ -210,7 +219,7 @@ def test_a_profile_streams_on_its_own(chat_server, loopd_runtime, loopd_config):
     rt = loopd_runtime(config=config)
     seen: list[Any] = []
     rt.subscribe(seen.append)
-    assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted("mm", "fine")
+    assert rt.run_turn("mm", "go", timeout=WAIT) == TurnCompleted("mm", "fine", usage=unmeasured(3))
     assert [("stream" in b) for b in server.requests] == [False, True, False]
     assert {e.session for e in seen if isinstance(e, TextDelta)} == {"sub-mm-1"}
 

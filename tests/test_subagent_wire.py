@@ -13,7 +13,13 @@ import pytest
 from actors import Config, ModelConfig
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import RawResponse, call, calls, reply
-from messages import FailReason, Inspect, TurnCompleted, TurnFailed
+from messages import FailReason, Inspect, TurnCompleted, TurnFailed, Usage
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 10.0
 IT_IS = re.compile(r"It is \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\.\n\n")
@@ -55,7 +61,9 @@ def test_the_child_runs_fresh_on_the_background_slot_and_the_parent_prefix_holds
     server = chat_server(spawning_parent(lambda body: reply("about 6000")))
     rt = loopd_runtime(config=wire_config(loopd_config, server.base_url))
     outcome = rt.run_turn("mm-thread", "how many stars?", timeout=WAIT)
-    assert outcome == TurnCompleted("mm-thread", "sub-mm-thread-1 completed\nabout 6000")
+    assert outcome == TurnCompleted(
+        "mm-thread", "sub-mm-thread-1 completed\nabout 6000", usage=unmeasured(3)
+    )
 
     first, child, second = server.requests
     assert [first["id_slot"], child["id_slot"], second["id_slot"]] == [0, 1, 0]
@@ -90,7 +98,7 @@ def test_a_child_whose_model_fails_answers_failed(chat_server, loopd_runtime, lo
     server = chat_server(spawning_parent(lambda body: RawResponse(500, b'{"error": "boom"}')))
     rt = loopd_runtime(config=wire_config(loopd_config, server.base_url))
     assert rt.run_turn("mm-thread", "go", timeout=WAIT) == TurnCompleted(
-        "mm-thread", "sub-mm-thread-1 failed"
+        "mm-thread", "sub-mm-thread-1 failed", usage=unmeasured(2)
     )
 
 
@@ -106,7 +114,9 @@ def test_a_second_spawn_takes_the_next_call_id(chat_server, loopd_runtime, loopd
     rt = loopd_runtime(config=wire_config(loopd_config, server.base_url))
     outcome = rt.run_turn("mm-thread", "go", timeout=WAIT)
     assert outcome == TurnCompleted(
-        "mm-thread", "sub-mm-thread-2 completed\nok a | sub-mm-thread-3 completed\nok b"
+        "mm-thread",
+        "sub-mm-thread-2 completed\nok a | sub-mm-thread-3 completed\nok b",
+        usage=unmeasured(4),
     )
 
 
@@ -122,6 +132,7 @@ def test_a_child_id_that_would_not_fit_is_denied_before_any_child_request(
         parent,
         "Denied: the arguments are not valid for this tool: "
         f"child session id `{raw}` would not fit; see docs/runbook.md#subagent-id.",
+        usage=unmeasured(2),
     )
     assert [body["id_slot"] for body in server.requests] == [0, 0]
     assert rt.context.ask(Inspect(), timeout=WAIT).held == ()
@@ -168,7 +179,9 @@ def test_a_bad_model_answer_fails_the_turn_and_loses_nothing(
     failed = rt.run_turn("s", "two", timeout=WAIT)
     assert isinstance(failed, TurnFailed) and failed.reason is FailReason.MODEL_ERROR
     assert cause in failed.detail
-    assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted("s", "third answer")
+    assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted(
+        "s", "third answer", usage=unmeasured(1)
+    )
     rt.stop()
     with SessionStore(loopd_config.home_path / DB_NAME) as store:
         texts = [m.content for m in store.open("s").transcript]

@@ -22,7 +22,7 @@ from actors.models.offline import ENV_VAR, RealModelForbidden
 from actors.testing import ChatServer, Probe, RawResponse, ScriptedModel, call, calls, reply
 from actors.testing.probe import Terminated
 from actors.testing.script_file import FileScript, first_user_text, load_script
-from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed
+from messages import ModelRequest, ProposedCall, TurnCompleted, TurnFailed, Usage
 
 
 def request(session: str = "s", n: int = 1) -> ModelRequest:
@@ -311,7 +311,9 @@ def test_the_switch_makes_a_runtime_for_a_real_model_fail_loudly(tmp_path, monke
     with ChatServer([reply("fake but fine")]) as server:
         fake = config.replace(model=ModelConfig(base_url=server.base_url))
         with Runtime.start(fake) as rt:
-            assert rt.run_turn("s", "hi", timeout=10) == TurnCompleted("s", "fake but fine")
+            assert rt.run_turn("s", "hi", timeout=10) == TurnCompleted(
+                "s", "fake but fine", usage=Usage(requests=1, unmeasured_requests=1)
+            )
     with pytest.raises(RealModelForbidden):  # stopped: no longer a fake that serves
         Runtime.start(fake)
     # slots.total = "auto" asks the server for its slots at start: a real request too.
@@ -402,7 +404,9 @@ def test_the_chat_server_runs_on_its_own_from_a_script_file(tmp_path) -> None:
     try:
         assert "(3 answers)" in server.first
         with standalone_runtime(tmp_path, server) as rt:
-            assert rt.run_turn("s", "what time?", timeout=10) == TurnCompleted("s", "It is late.")
+            assert rt.run_turn("s", "what time?", timeout=10) == TurnCompleted(
+                "s", "It is late.", usage=Usage(requests=2, unmeasured_requests=2)
+            )
     finally:
         assert server.stop() == 0, server.err
     assert server.out.strip() == "stopped after 2 request(s)"

@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from actors import Config, ModelConfig, Runtime
-from actors.core.usage import add_usage, total_usage
+from actors.core.usage import INT64_MAX, add_usage, format_usage, total_usage
 from actors.shells.views import turn_usage
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import RawResponse, ScriptedModel, call, calls, reply, with_usage
 from messages import (
+    ChatMessage,
     FailReason,
     ModelAnswered,
     SubagentFinished,
@@ -22,6 +25,12 @@ from messages import (
     TurnFailed,
     Usage,
 )
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 10.0
 
@@ -108,13 +117,47 @@ def test_llama_cpp_timings_give_the_cached_tokens(chat_server, loopd_runtime, lo
     assert rt.run_turn("mm", "hi", timeout=WAIT) == TurnCompleted("mm", "hi", usage=used(90, 3, 80))
 
 
-def test_a_server_that_sends_no_usage_counts_zero(chat_server, loopd_runtime, loopd_config) -> None:
-    server = chat_server([call("subagent", task="t"), reply("child"), reply("done")])
-    rt = loopd_runtime(config=wire(loopd_config, server.base_url))
-    outcome = rt.run_turn("mm", "go", timeout=WAIT)
-    assert outcome == TurnCompleted("mm", "done")
-    assert outcome.usage == Usage()
-    assert repr(outcome) == "TurnCompleted(session='mm', content='done')"
+def test_a_server_that_sends_no_usage_still_counts_its_requests(
+    chat_server, loopd_config, tmp_path
+) -> None:
+    # Issue 19 B5: four requests, no usage in any answer, once said "requests=0".
+    script = [call("subagent", task="t"), reply("child"), call("clock"), reply("done")]
+    server = chat_server(script)
+    config = wire(loopd_config, server.base_url)
+    with Runtime.start(config) as rt:
+        seen: list[Any] = []
+        rt.subscribe(seen.append)
+        outcome = rt.run_turn("mm", "go", timeout=WAIT)
+    assert outcome == TurnCompleted("mm", "done", usage=unmeasured(4))
+    assert format_usage(outcome.usage) == (
+        "0 prompt (0 cached) + 0 completion tokens, 4 requests (4 unmeasured)"
+    )
+    answered = [e.usage for e in seen if isinstance(e, ModelAnswered)]
+    assert answered == [unmeasured(1)] * 4
+    with SessionStore(Path(config.home) / DB_NAME) as store:
+        assert turn_usage(store, "mm") == [(unmeasured(3), unmeasured(4))]
+
+
+def test_measured_and_unmeasured_requests_add_up_apart() -> None:
+    measured = used(100, 10)
+    assert add_usage(measured, unmeasured(2)) == Usage(100, 10, 0, 3, unmeasured_requests=2)
+    assert format_usage(add_usage(measured, unmeasured(2))) == (
+        "100 prompt (0 cached) + 10 completion tokens, 3 requests (2 unmeasured)"
+    )
+    assert format_usage(measured) == "100 prompt (0 cached) + 10 completion tokens, 1 request"
+    # Sums never pass what a message can carry.
+    huge = Usage(prompt_tokens=INT64_MAX, requests=1)
+    assert add_usage(huge, huge).prompt_tokens == INT64_MAX
+
+
+def test_usage_stored_before_unmeasured_requests_existed_still_decodes() -> None:
+    old = (
+        b'{"type":"ChatMessage","role":"assistant","content":"x","tool_calls":[],'
+        b'"tool_call_id":null,"name":null,"usage":{"type":"Usage","prompt_tokens":1,'
+        b'"completion_tokens":2,"cached_tokens":0,"requests":1}}'
+    )
+    message = msgspec.json.decode(old, type=ChatMessage)
+    assert message.usage == Usage(1, 2, 0, 1, unmeasured_requests=0)
 
 
 def test_scripted_model_reports_usage_offline(loopd_runtime) -> None:

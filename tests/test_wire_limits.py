@@ -100,9 +100,15 @@ def test_cached_tokens_fall_back_to_llama_cpp_timings() -> None:
     assert parse_answer("s1", 1, body).usage == Usage(30, 2, 25, 1)
 
 
-def test_no_usage_is_zero_tokens() -> None:
+def test_no_usage_is_one_unmeasured_request_of_zero_tokens() -> None:
     body = b'{"choices": [{"message": {"content": "ok"}}]}'
-    assert parse_answer("s1", 1, body).usage == Usage(0, 0, 0, 0)
+    unmeasured = Usage(0, 0, 0, requests=1, unmeasured_requests=1)
+    assert parse_answer("s1", 1, body).usage == unmeasured
+    for usage in ("null", "{}", '{"prompt_tokens": "many"}', '{"total_tokens": 9}'):
+        body = b'{"choices": [{"message": {"content": "ok"}}], "usage": %s}' % usage.encode()
+        assert parse_answer("s1", 1, body).usage == unmeasured, usage
+    body = b'{"choices": [{"message": {"content": "ok"}}], "usage": {"completion_tokens": 0}}'
+    assert parse_answer("s1", 1, body).usage == Usage(requests=1)  # measured: nothing
 
 
 def test_finish_reason_length_marks_the_answer_truncated() -> None:

@@ -7,19 +7,29 @@ from collections.abc import Iterable
 
 from messages import ChatMessage, Usage
 
-__all__ = ["add_usage", "format_usage", "stored_usage", "total_usage"]
+__all__ = ["INT64_MAX", "add_usage", "format_usage", "stored_usage", "total_usage"]
 
 SUMMARY = "Summary of the earlier conversation:\n"
 """How a compaction summary begins (``actors.core.turn.SUMMARY_PREFIX``): not a turn of its own."""
 
 
+INT64_MAX = 2**63 - 1
+"""The largest count a message may carry: msgpack and the stores hold 64-bit signed integers."""
+
+
+def _sum(a: int, b: int) -> int:
+    # Saturates rather than overflows: a total past 2**63 - 1 could not be encoded at all.
+    return min(a + b, INT64_MAX)
+
+
 def add_usage(a: Usage, b: Usage) -> Usage:
-    """``a`` and ``b`` summed field by field."""
+    """``a`` and ``b`` summed field by field (never past :data:`INT64_MAX`)."""
     return Usage(
-        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        completion_tokens=a.completion_tokens + b.completion_tokens,
-        cached_tokens=a.cached_tokens + b.cached_tokens,
-        requests=a.requests + b.requests,
+        prompt_tokens=_sum(a.prompt_tokens, b.prompt_tokens),
+        completion_tokens=_sum(a.completion_tokens, b.completion_tokens),
+        cached_tokens=_sum(a.cached_tokens, b.cached_tokens),
+        requests=_sum(a.requests, b.requests),
+        unmeasured_requests=_sum(a.unmeasured_requests, b.unmeasured_requests),
     )
 
 
@@ -37,9 +47,13 @@ def stored_usage(messages: Iterable[ChatMessage]) -> Usage:
 
 
 def format_usage(usage: Usage) -> str:
-    """One line for a person: ``1,234 prompt (1,000 cached) + 56 completion tokens, 3 requests``."""
-    return (
+    """One line for a person: ``1,234 prompt (1,000 cached) + 56 completion tokens, 3 requests``,
+    then ``(2 unmeasured)`` when the server reported no usage for some of them."""
+    line = (
         f"{usage.prompt_tokens:,} prompt ({usage.cached_tokens:,} cached) + "
         f"{usage.completion_tokens:,} completion tokens, {usage.requests:,} "
         f"request{'' if usage.requests == 1 else 's'}"
     )
+    if usage.unmeasured_requests:
+        line += f" ({usage.unmeasured_requests:,} unmeasured)"
+    return line

@@ -20,10 +20,10 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
-import msgspec
 
 from actors.core.config import ModelConfig
 from actors.models.base import ModelFailure
+from actors.models.llama import props_url, read_total_slots
 from actors.models.netbackend import plain_transport
 from actors.models.stream import StreamAssembler, StreamBroken
 from actors.models.wire import (
@@ -32,6 +32,7 @@ from actors.models.wire import (
     http_failure,
     names_request_fault,
     parse_answer,
+    prompt_token_limit,
 )
 from messages import ModelAnswer, ModelRequest
 
@@ -156,46 +157,94 @@ class _Broken(Exception):
     """A streamed answer ended before it was whole."""
 
 
+_NEWLINES = (b"\n", b"\r")
+
+
 async def _read_stream(
     response: httpx.Response,
     request: ModelRequest,
     cap: int,
     on_text: Callable[[str], None] | None,
+    prompt_limit: int | None = None,
 ) -> ModelAnswer:
     """The answer of a server-sent event stream, each text piece given to ``on_text`` as it
-    comes; :class:`_TooLarge` past ``cap`` bytes, :class:`_Broken` if it ends too soon."""
+    comes; :class:`_TooLarge` as soon as ``cap`` bytes have come (a line without its end
+    included), :class:`_Broken` if it ends too soon.
+
+    A server that ignores ``"stream": true`` and sends one JSON body has that body read as the
+    answer (its text given to ``on_text`` at once).
+    """
 
     assembler = StreamAssembler()
+    # Until a data: line shows that the server streams, the bytes are kept: they may be a
+    # whole JSON answer instead (never more than cap).
+    head: list[bytes] | None = []
+    partial: list[bytes] = []  # the line being read, in pieces, until its end comes
+    size = 0
 
-    def feed(line: str) -> None:
-        text = assembler.feed(line)
+    def feed(raw: bytes) -> None:
+        text = assembler.feed(raw.decode("utf-8", "replace"))
         if text and on_text is not None:
             on_text(text)
 
-    size = 0
-    pending: str | None = None  # a line is whole only once the next one begins
-    async for line in response.aiter_lines():
-        size += len(line) + 1
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
         if size > cap:
             raise _TooLarge
-        if pending is not None:
-            feed(pending)
+        if head is not None:
+            head.append(chunk)
+        if not any(mark in chunk for mark in _NEWLINES):
+            partial.append(chunk)  # no line ends here: nothing to split, nothing copied
+            continue
+        partial.append(chunk)
+        lines = b"".join(partial).splitlines(keepends=True)
+        partial = [] if lines[-1].endswith(_NEWLINES) else [lines.pop()]
+        for line in lines:
+            feed(line.rstrip(b"\r\n"))
+            if assembler.streamed:
+                head = None
             if assembler.done:
                 break
-        pending = line
+        if assembler.done:
+            break
     else:
-        if pending:
-            try:  # the last line, maybe cut off in its middle
-                feed(pending)
+        if partial:
+            try:  # the last line, without its end: maybe cut off in its middle
+                feed(b"".join(partial))
             except ModelFailure:
                 if not assembler.ended:
                     raise _Broken(
                         f"the model's streamed answer broke off in a line ({response.url})"
                     ) from None
+    if not assembler.streamed and head and b"".join(head).strip():
+        return _unstreamed(response, request, b"".join(head), on_text, prompt_limit)
     try:
-        return assembler.answer(request.session, request.request_id)
+        return assembler.answer(request.session, request.request_id, prompt_limit=prompt_limit)
     except StreamBroken as exc:
         raise _Broken(f"{exc} (the model at {response.url})") from None
+
+
+def _unstreamed(
+    response: httpx.Response,
+    request: ModelRequest,
+    body: bytes,
+    on_text: Callable[[str], None] | None,
+    prompt_limit: int | None,
+) -> ModelAnswer:
+    """The answer of a server that was asked to stream but sent one body: read as a whole
+    answer, or a failure saying the server did not stream."""
+    try:
+        answer = parse_answer(request.session, request.request_id, body, prompt_limit=prompt_limit)
+    except ModelFailure as exc:
+        kind = response.headers.get("content-type", "no content type")
+        raise ModelFailure(
+            f"the model at {response.url} did not stream its answer (asked with "
+            f'"stream": true, it sent one {kind} body with no data: lines), and that body is '
+            f"not a chat-completions answer either: {exc}"
+        ) from None
+    if answer.content and on_text is not None:
+        on_text(answer.content)
+    return answer
 
 
 async def _read_capped(response: httpx.Response, cap: int) -> bytes:
@@ -392,6 +441,7 @@ class HttpChatModel:
         on_text: Callable[[str], None] | None = None,
     ) -> ModelAnswer:
         cap = self._config.max_answer_bytes
+        limit = prompt_token_limit(len(content))
         try:
             # The deadline is asyncio.timeout's, around the whole attempt; httpx's own timeouts
             # per read would only add work to every request.
@@ -403,7 +453,7 @@ class HttpChatModel:
                 response.request = http_request  # as the client layer does: response.url
                 try:
                     if request.options.stream and response.is_success:
-                        return await _read_stream(response, request, cap, on_text)
+                        return await _read_stream(response, request, cap, on_text, limit)
                     body = await _read_capped(response, cap)
                 finally:
                     # Closing a response not read to its end closes its connection.
@@ -420,7 +470,7 @@ class HttpChatModel:
             raise _Failed(cause, retry=is_retryable(exc), cut=cut, error=exc) from None
         status = response.status_code
         if response.is_success:
-            return parse_answer(request.session, request.request_id, body)
+            return parse_answer(request.session, request.request_id, body, prompt_limit=limit)
         failure = http_failure(self._url, status, body)
         headers = response.headers if status in _RETRY_AFTER_STATUSES else None
         raise _Failed(
@@ -520,36 +570,3 @@ class HttpChatModel:
                 if not loop.is_closed() and loop.is_running():
                     with contextlib.suppress(RuntimeError):
                         asyncio.run_coroutine_threadsafe(transport.aclose(), loop)
-
-
-def props_url(base_url: str) -> str:
-    """Where llama.cpp serves its ``/props``: beside ``/v1`` (a proxy's path prefix kept)."""
-    base = base_url.rstrip("/")
-    return base.removesuffix("/v1") + "/props"
-
-
-def read_total_slots(config: ModelConfig) -> int:
-    """The server's slot count, ``total_slots`` from ``GET /props`` (llama.cpp).
-
-    Raises :class:`ModelFailure` naming the URL and what was wrong.
-    """
-    url = props_url(config.base_url)
-    headers = {}
-    api_key = config.api_key()
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    try:
-        response = httpx.get(url, headers=headers, timeout=min(config.timeout_s, 30.0))
-    except httpx.HTTPError as exc:
-        raise ModelFailure(f"cannot read the server's slot count from {url}: {exc}") from exc
-    if not response.is_success:
-        raise ModelFailure(
-            f"cannot read the server's slot count from {url}: HTTP {response.status_code}"
-        )
-    try:
-        total = msgspec.json.decode(response.content).get("total_slots")
-    except (msgspec.DecodeError, AttributeError):
-        total = None
-    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
-        raise ModelFailure(f"the server's {url} has no total_slots of at least 1")
-    return total

@@ -45,6 +45,9 @@ class StreamAssembler:
     _timings: Any = None
     done: bool = False
     """``data: [DONE]`` arrived."""
+    streamed: bool = False
+    """A ``data:`` line arrived: the server does stream (one that ignores ``"stream": true``
+    sends a whole JSON body instead)."""
 
     def feed(self, line: str) -> str:
         """Take one line of the event stream; returns the answer text it added ('' for none).
@@ -55,6 +58,7 @@ class StreamAssembler:
         """
         if not line.startswith("data:"):
             return ""
+        self.streamed = True
         data = line[5:].strip()
         if data == "[DONE]":
             self.done = True
@@ -95,28 +99,55 @@ class StreamAssembler:
 
     def _call_piece(self, item: dict[str, Any]) -> None:
         index = item.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
-            index = len(self._calls)
+        function = item.get("function")
+        function = function if isinstance(function, dict) else {}
+        name = function.get("name")
+        if index is None:
+            index = self._unindexed(item.get("id"), name)
+        elif not isinstance(index, int) or isinstance(index, bool):
+            raise ModelFailure(
+                "the model's streamed answer has a tool call piece whose index is not a whole "
+                f"number: {msgspec.json.encode(index).decode()[:40]}"
+            )
         call = self._calls.setdefault(index, _Call())
         if isinstance(item.get("id"), str):
             call.id = item["id"]
-        function = item.get("function")
-        if isinstance(function, dict):
-            if isinstance(function.get("name"), str):
-                call.name += function["name"]
-            if isinstance(function.get("arguments"), str):
-                call.arguments.append(function["arguments"])
+        if isinstance(name, str):
+            call.name += name
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call.arguments.append(arguments)
+        elif arguments is not None:
+            # An object instead of JSON text, as parse_answer takes it from a whole answer.
+            call.arguments.append(msgspec.json.encode(arguments).decode())
+
+    def _unindexed(self, id: object, name: object) -> int:
+        """Where a piece without an ``index`` goes (some servers leave it out): a piece with an
+        id other than the last call's, or a name while the last call has one, begins a new
+        call; any other piece goes on the last one."""
+        if not self._calls:
+            return 0
+        last = max(self._calls)
+        call = self._calls[last]
+        if isinstance(id, str) and id != call.id and (call.id is not None or call.name):
+            return last + 1
+        if not isinstance(id, str) and isinstance(name, str) and name and call.name:
+            return last + 1
+        return last
 
     @property
     def ended(self) -> bool:
         """True once the answer is whole: a ``finish_reason`` or ``[DONE]`` arrived."""
         return self.done or self._finish is not None
 
-    def answer(self, session: str, request_id: int) -> ModelAnswer:
+    def answer(
+        self, session: str, request_id: int, *, prompt_limit: int | None = None
+    ) -> ModelAnswer:
         """The answer the stream built, as :func:`~actors.models.wire.parse_answer` reads a
-        whole one.
+        whole one (``prompt_limit`` as there).
 
-        Raises :class:`StreamBroken` if the stream has not :attr:`ended`.
+        Raises :class:`StreamBroken` if the stream has not :attr:`ended`, and
+        :class:`~actors.models.base.ModelFailure` for a tool call never named.
         """
         if not self.ended:
             raise StreamBroken("the model's streamed answer broke off before it ended")
@@ -126,16 +157,26 @@ class StreamAssembler:
         }
         if self._calls:
             message["tool_calls"] = [
-                {
-                    "id": call.id or f"call_{index}",
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": "".join(call.arguments)},
-                }
-                for index, call in sorted(self._calls.items())
+                self._whole_call(i, call) for i, call in sorted(self._calls.items())
             ]
         whole: dict[str, Any] = {"choices": [{"message": message, "finish_reason": self._finish}]}
         if self._usage is not None:
             whole["usage"] = self._usage
         if self._timings is not None:
             whole["timings"] = self._timings
-        return parse_answer(session, request_id, msgspec.json.encode(whole))
+        return parse_answer(
+            session, request_id, msgspec.json.encode(whole), prompt_limit=prompt_limit
+        )
+
+    @staticmethod
+    def _whole_call(index: int, call: _Call) -> dict[str, Any]:
+        if not call.name:
+            raise ModelFailure(
+                f"the model's streamed answer has a tool call (index {index}) whose pieces "
+                "never named its function"
+            )
+        # No arguments piece at all is what a body without "arguments" says: parse_answer
+        # reads that as {}.
+        arguments = "".join(call.arguments) if call.arguments else None
+        function = {"name": call.name, "arguments": arguments}
+        return {"id": call.id or f"call_{index}", "type": "function", "function": function}

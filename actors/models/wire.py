@@ -8,6 +8,7 @@ bytes and Structs: the HTTP transport is :mod:`actors.models.http`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from messages import (
 )
 
 __all__ = [
+    "MAX_REQUEST_TOKENS",
     "answer_too_large",
     "encode_body",
     "error_detail",
@@ -35,6 +37,7 @@ __all__ = [
     "names_request_fault",
     "parse_answer",
     "parse_usage",
+    "prompt_token_limit",
     "request_body",
 ]
 
@@ -198,37 +201,90 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def parse_usage(data: Mapping[str, Any]) -> Usage:
+MAX_REQUEST_TOKENS = 2**32
+"""More tokens than any one request can cost: no model's context comes near it. A count past
+it (or past :func:`prompt_token_limit`) is impossible, and the usage is not believed."""
+
+
+def prompt_token_limit(request_bytes: int) -> int:
+    """The most prompt tokens a request body of ``request_bytes`` bytes can hold.
+
+    A token is at least a byte of the text it stands for; the chat template adds its own text
+    and a few special tokens per message, which twice the body plus 65,536 covers with room.
+    """
+    return min(2 * request_bytes + 65536, MAX_REQUEST_TOKENS)
+
+
+log = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+"""The kinds of impossible usage already logged: each is logged once per process."""
+
+
+def _impossible(name: str, value: int, limit: int) -> None:
+    if name in _warned:
+        return
+    _warned.add(name)
+    log.warning(
+        "the model server reported %s = %d, more than one request can cost (at most %d); "
+        "such usage is not counted (the request counts as unmeasured). Logged once.",
+        name,
+        value,
+        limit,
+    )
+
+
+def parse_usage(data: Mapping[str, Any], *, prompt_limit: int | None = None) -> Usage:
     """The ``usage`` of a chat-completions response as a :class:`Usage` of one request.
 
     ``cached_tokens`` is ``usage.prompt_tokens_details.cached_tokens``, or llama.cpp's
-    ``timings.cache_n`` when that is absent. Missing or malformed counts are zero; no ``usage``
-    at all is ``Usage()``, all zeros (``requests`` too).
+    ``timings.cache_n`` when that is absent. Missing or malformed counts are zero. Every answer
+    counts one request; an answer with no ``usage``, no count in it, or an impossible count
+    (past :data:`MAX_REQUEST_TOKENS`, or prompt or cached tokens past ``prompt_limit``, see
+    :func:`prompt_token_limit`) counts as one unmeasured request of zero tokens, and an
+    impossible one is logged (once per process).
     """
+    unmeasured = Usage(requests=1, unmeasured_requests=1)
     usage = data.get("usage")
     if not isinstance(usage, dict):
-        return Usage()
+        return unmeasured
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
     timings = data.get("timings")
     if not cached and isinstance(timings, dict):
         cached = _count(timings.get("cache_n"))
+    prompt = _count(usage.get("prompt_tokens"))
+    completion = _count(usage.get("completion_tokens"))
+    if not any(_counted(usage.get(key)) for key in ("prompt_tokens", "completion_tokens")):
+        return unmeasured
+    prompt_cap = MAX_REQUEST_TOKENS if prompt_limit is None else prompt_limit
+    for name, value, limit in (
+        ("prompt_tokens", prompt, prompt_cap),
+        ("cached_tokens", cached, prompt_cap),
+        ("completion_tokens", completion, MAX_REQUEST_TOKENS),
+    ):
+        if value > limit:
+            _impossible(name, value, limit)
+            return unmeasured
     return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
-        cached_tokens=cached,
-        requests=1,
+        prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, requests=1
     )
 
 
-def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
+def _counted(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_answer(
+    session: str, request_id: int, body: bytes, *, prompt_limit: int | None = None
+) -> ModelAnswer:
     """Parse a chat-completions response body into the answer to request ``request_id``.
 
     Takes ``choices[0].message``: its ``content`` (may be null) and its ``tool_calls``, whose
     ``function.arguments`` text is kept exactly as sent (an object is encoded to compact JSON);
     ``choices[0].finish_reason == "length"`` marks it truncated; ``usage`` is read with
-    :func:`parse_usage`. Raises :class:`ModelFailure` naming what is wrong when the body is not
-    such a response.
+    :func:`parse_usage` (``prompt_limit`` bounds its prompt tokens). Raises :class:`ModelFailure`
+    naming what is wrong when the body is not such a response.
     """
     try:
         data = msgspec.json.decode(body)
@@ -259,7 +315,7 @@ def parse_answer(session: str, request_id: int, body: bytes) -> ModelAnswer:
         request_id=request_id,
         content=content,
         tool_calls=calls,
-        usage=parse_usage(data),
+        usage=parse_usage(data, prompt_limit=prompt_limit),
         truncated=choice.get("finish_reason") == "length",
     )
 
@@ -283,11 +339,12 @@ def error_fields(body: bytes) -> tuple[str, str | None, int | None]:
     fields = error if isinstance(error, dict) else data
     message = fields.get("message")
     kind = fields.get("type")
-    n_ctx = _count(fields.get("n_ctx")) or None
+    size = _count(fields.get("n_ctx"))
     return (
         message if isinstance(message, str) else text,
         kind if isinstance(kind, str) else None,
-        n_ctx,
+        # An impossible context size is no size: it would not even fit a message.
+        size if 0 < size <= MAX_REQUEST_TOKENS else None,
     )
 
 

@@ -16,7 +16,13 @@ from actors.core.config import ClusterConfig, StoreConfig
 from actors.stores.postgres import PgSessionStore
 from actors.testing import call, reply
 from actors.testing.postgres import PostgresServer
-from messages import FailReason, TurnCompleted, TurnFailed
+from messages import FailReason, TurnCompleted, TurnFailed, Usage
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 60.0
 CRASH_ANSWER_S = 10.0
@@ -63,7 +69,9 @@ def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repai
     # cut-off call of the first turn `<child> failed` before it goes on.
     assert rt.shard_pid(shard, timeout=WAIT) != pid
     again = rt.run_turn("mm-thread", "again", timeout=WAIT)
-    assert again == TurnCompleted("mm-thread", "sub-mm-thread-2 completed\nchild done")
+    assert again == TurnCompleted(
+        "mm-thread", "sub-mm-thread-2 completed\nchild done", usage=unmeasured(3)
+    )
     with PgSessionStore(pg_url) as store:
         history = [h.message for h in store.history("mm-thread")]
     assert [(m.role, m.content) for m in history[:3]] == [
@@ -97,14 +105,18 @@ def test_a_stopped_postgres_fails_turns_with_store_error_and_they_work_again(
         )
         rt = Runtime.start(config)
         try:
-            assert rt.run_turn("s", "one", timeout=WAIT) == TurnCompleted("s", "first")
+            assert rt.run_turn("s", "one", timeout=WAIT) == TurnCompleted(
+                "s", "first", usage=unmeasured(1)
+            )
             pg.stop()
             failed = rt.run_turn("s", "two", timeout=WAIT)
             assert isinstance(failed, TurnFailed) and failed.reason is FailReason.STORE_ERROR
             assert "PostgreSQL" in failed.detail or "connection" in failed.detail
             assert len(server.requests) == 1  # nothing unstored was sent to the model
             pg.start()
-            assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted("s", "third")
+            assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted(
+                "s", "third", usage=unmeasured(1)
+            )
         finally:
             rt.stop()
         with PgSessionStore(url) as store:

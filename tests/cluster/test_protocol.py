@@ -43,6 +43,14 @@ from test_subagent_wire import (
     wire_config,
 )
 
+from messages import Usage
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
+
 __all__ = [
     "test_a_child_whose_model_fails_answers_failed",
     "test_a_second_spawn_takes_the_next_call_id",
@@ -95,7 +103,9 @@ def test_a_family_nests_on_one_shard_and_its_events_stream_back(
     rt.subscribe(seen)
     outcome = rt.run_turn("mm-thread", "go", timeout=WAIT)
     assert outcome == TurnCompleted(
-        "mm-thread", "sub-mm-thread-1 completed\nsub-sub-mm-thread-1-1 completed\nthe bottom"
+        "mm-thread",
+        "sub-mm-thread-1 completed\nsub-sub-mm-thread-1-1 completed\nthe bottom",
+        usage=unmeasured(5),
     )
     assert [body["id_slot"] for body in server.requests] == [0, 1, 1, 1, 0]
     assert ended.wait(WAIT)
@@ -126,7 +136,10 @@ def test_families_on_two_shards_run_at_once(chat_server, loopd_runtime, loopd_co
     thread.start()
     answers["b"] = rt.run_turn(second, "b", WAIT)
     thread.join(WAIT)
-    assert answers == {"a": TurnCompleted(first, "hello a"), "b": TurnCompleted(second, "hello b")}
+    assert answers == {
+        "a": TurnCompleted(first, "hello a", usage=unmeasured(1)),
+        "b": TurnCompleted(second, "hello b", usage=unmeasured(1)),
+    }
 
 
 def test_a_restarted_cluster_goes_on_with_the_stored_sessions_and_call_ids(
@@ -136,12 +149,12 @@ def test_a_restarted_cluster_goes_on_with_the_stored_sessions_and_call_ids(
     config = wire_config(loopd_config, server.base_url)
     first = loopd_runtime(config=config)
     assert first.run_turn("mm-thread", "one", timeout=WAIT) == TurnCompleted(
-        "mm-thread", "sub-mm-thread-1 completed\ndone"
+        "mm-thread", "sub-mm-thread-1 completed\ndone", usage=unmeasured(3)
     )
     first.stop()
     second = loopd_runtime(config=config)
     assert second.run_turn("mm-thread", "two", timeout=WAIT) == TurnCompleted(
-        "mm-thread", "sub-mm-thread-2 completed\ndone"
+        "mm-thread", "sub-mm-thread-2 completed\ndone", usage=unmeasured(3)
     )
     last = server.requests[-1]
     assert user_texts(last)[:2] == ["one", "two"] and len(tool_texts(last)) == 2
@@ -185,7 +198,7 @@ def test_send_turn_answers_its_reply_address(chat_server, loopd_runtime, loopd_c
     rt.directory.register("mailbox", Mailbox())
     rt.send_turn("s", "hello", reply_to="mailbox")
     assert done.wait(WAIT)
-    assert got == [TurnCompleted("s", "sent")]
+    assert got == [TurnCompleted("s", "sent", usage=unmeasured(1))]
 
 
 def test_a_session_another_process_holds_is_busy_until_it_lets_go(
@@ -199,7 +212,9 @@ def test_a_session_another_process_holds_is_busy_until_it_lets_go(
         assert isinstance(busy, TurnFailed) and busy.reason is FailReason.BUSY
         assert "another loopd process holds it" in busy.detail
         other.release("taken")
-        assert rt.run_turn("taken", "hi", timeout=WAIT) == TurnCompleted("taken", "mine now")
+        assert rt.run_turn("taken", "hi", timeout=WAIT) == TurnCompleted(
+            "taken", "mine now", usage=unmeasured(1)
+        )
         (result,) = other.run_batch([("taken", lambda cur: other.open_in(cur, "taken"))])
         assert isinstance(result, Exception) and "another loopd process" in str(result)
 
@@ -213,7 +228,9 @@ def test_a_bad_model_answer_fails_the_turn_and_loses_nothing(
     assert isinstance(rt.run_turn("s", "one", timeout=WAIT), TurnCompleted)
     failed = rt.run_turn("s", "two", timeout=WAIT)
     assert isinstance(failed, TurnFailed) and failed.reason is FailReason.MODEL_ERROR
-    assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted("s", "third answer")
+    assert rt.run_turn("s", "three", timeout=WAIT) == TurnCompleted(
+        "s", "third answer", usage=unmeasured(1)
+    )
     rt.stop()
     with PgSessionStore(pg_url) as store:
         texts = [m.content for m in store.open("s").transcript]
@@ -238,6 +255,7 @@ def test_a_child_id_that_would_not_fit_is_denied_on_the_shard(
         parent,
         "Denied: the arguments are not valid for this tool: "
         f"child session id `sub-{parent}-1` would not fit; see docs/runbook.md#subagent-id.",
+        usage=unmeasured(2),
     )
     assert [body["id_slot"] for body in server.requests] == [0, 0]
     with PgSessionStore(pg_url) as store:

@@ -14,7 +14,13 @@ from actors.shells.cli import main
 from actors.stores.memory import MemoryFailure
 from actors.stores.postgres import PgMemory, PgSessionStore, SessionHeldElsewhere
 from actors.testing import call, reply
-from messages import FailReason, TurnCompleted, TurnFailed
+from messages import FailReason, TurnCompleted, TurnFailed, Usage
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
+
 
 WAIT = 30.0
 
@@ -38,9 +44,11 @@ def test_a_line_remembered_in_one_process_reaches_new_baselines_in_another(
         Runtime.start(config(tmp_path, "b", pg_url, server.base_url)) as second,
     ):
         assert first.run_turn("writer", "please remember", timeout=WAIT) == TurnCompleted(
-            "writer", "ok"
+            "writer", "ok", usage=unmeasured(2)
         )
-        assert second.run_turn("reader", "hello", timeout=WAIT) == TurnCompleted("reader", "ok")
+        assert second.run_turn("reader", "hello", timeout=WAIT) == TurnCompleted(
+            "reader", "ok", usage=unmeasured(1)
+        )
     writer_system = server.requests[0]["messages"][0]["content"]
     reader_system = server.requests[-1]["messages"][0]["content"]
     assert "Ana" not in writer_system  # a running session's baseline never changes
@@ -50,13 +58,17 @@ def test_a_line_remembered_in_one_process_reaches_new_baselines_in_another(
 def test_two_processes_never_run_one_session(chat_server, tmp_path: Path, pg_url: str) -> None:
     server = chat_server(lambda body: reply("ok"))
     with Runtime.start(config(tmp_path, "a", pg_url, server.base_url)) as first:
-        assert first.run_turn("s", "one", timeout=WAIT) == TurnCompleted("s", "ok")
+        assert first.run_turn("s", "one", timeout=WAIT) == TurnCompleted(
+            "s", "ok", usage=unmeasured(1)
+        )
         with Runtime.start(config(tmp_path, "b", pg_url, server.base_url)) as second:
             busy = second.run_turn("s", "two", timeout=WAIT)
             assert isinstance(busy, TurnFailed) and busy.reason is FailReason.BUSY
     # The first runtime stopped: its lock went with its connection.
     with Runtime.start(config(tmp_path, "b", pg_url, server.base_url)) as second:
-        assert second.run_turn("s", "three", timeout=WAIT) == TurnCompleted("s", "ok")
+        assert second.run_turn("s", "three", timeout=WAIT) == TurnCompleted(
+            "s", "ok", usage=unmeasured(1)
+        )
     assert [m["content"] for m in server.requests[-1]["messages"] if m["role"] == "user"] == [
         "one",
         "three",
@@ -84,7 +96,9 @@ def test_loopd_sessions_reads_the_postgresql_store(
 ) -> None:
     server = chat_server([reply("stored in postgres")])
     with Runtime.start(config(tmp_path, "a", pg_url, server.base_url)) as rt:
-        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted("s", "stored in postgres")
+        assert rt.run_turn("s", "hello", timeout=WAIT) == TurnCompleted(
+            "s", "stored in postgres", usage=unmeasured(1)
+        )
     toml = tmp_path / "loopd.toml"
     toml.write_text(f'home = "{tmp_path / "elsewhere"}"\n[store]\nurl = "{pg_url}"\n')
     capsys.readouterr()
@@ -103,16 +117,24 @@ def test_a_passivated_session_lets_another_process_take_it(
     cfg = config(tmp_path, "a", pg_url, server.base_url)
     cfg = cfg.replace(sessions=msgspec.structs.replace(cfg.sessions, max_live=1))
     with Runtime.start(cfg) as rt, PgSessionStore(pg_url) as other:
-        assert rt.run_turn("first", "one", timeout=WAIT) == TurnCompleted("first", "ok")
+        assert rt.run_turn("first", "one", timeout=WAIT) == TurnCompleted(
+            "first", "ok", usage=unmeasured(1)
+        )
         (held,) = other.run_batch([("first", lambda cur: other.open_in(cur, "first"))])
         assert isinstance(held, SessionHeldElsewhere)
         # Opening a second session passivates the first (max_live = 1), and lets go of it; a
         # second turn of "second" is stored after that release.
-        assert rt.run_turn("second", "two", timeout=WAIT) == TurnCompleted("second", "ok")
-        assert rt.run_turn("second", "three", timeout=WAIT) == TurnCompleted("second", "ok")
+        assert rt.run_turn("second", "two", timeout=WAIT) == TurnCompleted(
+            "second", "ok", usage=unmeasured(1)
+        )
+        assert rt.run_turn("second", "three", timeout=WAIT) == TurnCompleted(
+            "second", "ok", usage=unmeasured(1)
+        )
         (taken,) = other.run_batch([("first", lambda cur: other.open_in(cur, "first"))])
         assert not isinstance(taken, Exception), taken
         busy = rt.run_turn("first", "four", timeout=WAIT)
         assert isinstance(busy, TurnFailed) and busy.reason is FailReason.BUSY
         other.release("first")
-        assert rt.run_turn("first", "five", timeout=WAIT) == TurnCompleted("first", "ok")
+        assert rt.run_turn("first", "five", timeout=WAIT) == TurnCompleted(
+            "first", "ok", usage=unmeasured(1)
+        )
