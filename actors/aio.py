@@ -16,8 +16,9 @@ from types import TracebackType
 from typing import Any
 
 from actors.core.config import Config
+from actors.core.output import decoded
 from actors.models.base import ChatModel
-from actors.runtime import Runtime
+from actors.runtime import Runtime, check_outcome, output_kind
 from actors.services.tool_loop import tools_on
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool
@@ -114,13 +115,25 @@ class AsyncRuntime:
         return self.runtime.context
 
     async def run_turn(
-        self, session: str, text: str, timeout: float | None = None, *, speaker: str | None = None
+        self,
+        session: str,
+        text: str,
+        timeout: float | None = None,
+        *,
+        speaker: str | None = None,
+        agent: str | None = None,
+        output: Any = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended, without blocking the loop.
 
-        Raises ``ValueError`` for an invalid session id before anything is stored and
-        ``TimeoutError`` after ``timeout`` seconds (the turn goes on). Cancelling the awaiting
-        task cancels the turn and every child below it.
+        ``agent`` and ``output`` are :meth:`Runtime.run_turn`'s: a profile for a new session,
+        and a typed result (a msgspec Struct or a JSON schema) whose validated value is
+        ``TurnCompleted.output``, decoded to that type.
+
+        Raises ``ValueError`` for an invalid session id before anything is stored, for an
+        agent or output schema that is not the stored session's, and ``TimeoutError`` after
+        ``timeout`` seconds (the turn goes on). Cancelling the awaiting task cancels the turn
+        and every child below it.
         """
         check_session_id(session)
         loop = asyncio.get_running_loop()
@@ -130,10 +143,14 @@ class AsyncRuntime:
         address = directory.unique("aio")
         directory.register(address, mailbox)
         try:
-            self.runtime.send_turn(session, text, speaker=speaker, reply_to=address)
+            self.runtime.send_turn(
+                session, text, speaker=speaker, reply_to=address, agent=agent, output=output
+            )
             try:
                 async with asyncio.timeout(timeout):
-                    return await asyncio.shield(future)
+                    outcome = await asyncio.shield(future)
+                kind = output_kind(self.runtime.config, output, agent)
+                return decoded(check_outcome(outcome), kind)
             except TimeoutError:
                 raise TimeoutError(
                     f"the turn of {session} did not end within {timeout} s; it goes on"
