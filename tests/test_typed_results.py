@@ -307,3 +307,12 @@ def test_loopd_run_output_schema_prints_the_json(
     bad.write_text('{"type": 3}')
     assert cli_main([*argv, "--session", "other", "--output-schema", str(bad), "x"]) == 2
     assert "--output-schema" in capsys.readouterr().err
+
+
+def test_the_repl_turn_takes_output(chat_server, loopd_runtime, loopd_config, capsys) -> None:
+    from actors.shells.repl import Helpers
+
+    server = chat_server([call("final_answer", city="Oslo", celsius=4)])
+    rt = loopd_runtime(config=wire(loopd_config, server.base_url))
+    outcome = Helpers(rt).turn("r", "weather?", 30, output=Weather)
+    assert isinstance(outcome, TurnCompleted) and outcome.output == Weather("Oslo", 4)
