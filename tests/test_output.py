@@ -157,3 +157,15 @@ def test_a_child_answer_longer_than_the_cap_fails_at_once() -> None:
     outcome = _drive(turn, turn.start("go"), [_calls(("final_answer", '{"name": "a long one"}'))])
     assert isinstance(outcome, TurnFailed) and outcome.reason is FailReason.OUTPUT_INVALID
     assert "loop.tool_result_cap (10)" in outcome.detail
+
+
+def test_call_tool_reaches_final_answer_only_for_a_profile_that_may_use_call_tool() -> None:
+    spec = final_answer_spec(schema_of(Item))
+    turn = _turn(spec, retries=0)
+    turn.registry = Registry().for_agent(["clock"])
+    wrapped = '{"name": "final_answer", "arguments": {"name": "pear"}}'
+    answers = [_calls(("call_tool", wrapped)), _calls(("final_answer", '{"name": "fig"}'))]
+    outcome = _drive(turn, turn.start("go"), answers)
+    assert outcome == TurnCompleted("s", '{"name":"fig"}', output={"name": "fig"})
+    first_result = next(m for m in turn.state.transcript if m.role == "tool")
+    assert first_result.content == "Denied: there is no tool with this name: call_tool."

@@ -320,12 +320,12 @@ class FinalAnswer:
     _tried: bool = False
     _last: str = ""
 
-    def inner_arguments(self, name: str, arguments: str) -> str | None:
-        """The arguments of a ``final_answer`` call (also one ``call_tool`` wraps); None for
-        any other call."""
+    def inner_arguments(self, name: str, arguments: str, *, call_tool: bool = True) -> str | None:
+        """The arguments of a ``final_answer`` call (also one ``call_tool`` wraps, when the
+        profile may use ``call_tool``); None for any other call."""
         if name == FINAL_ANSWER:
             return arguments
-        if name == CALL_TOOL:
+        if name == CALL_TOOL and call_tool:
             try:
                 inner, inner_arguments = unwrap_call_tool(arguments)
             except ArgumentError:

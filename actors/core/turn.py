@@ -35,6 +35,7 @@ from datetime import datetime
 import msgspec
 
 from actors.core.dispatch import (
+    CALL_TOOL,
     Answered,
     ArgumentError,
     Registry,
@@ -566,7 +567,8 @@ class Turn:
 
     def _final_answer_route(self, output: FinalAnswer, call: ToolCall, route: Route) -> Route:
         """A ``final_answer`` call is answered here: accepted, or denied naming the field."""
-        arguments = output.inner_arguments(call.name, call.as_written)
+        allowed = self.registry.allows(CALL_TOOL)
+        arguments = output.inner_arguments(call.name, call.as_written, call_tool=allowed)
         if arguments is None:
             return route
         if self._truncated:
@@ -580,7 +582,8 @@ class Turn:
         still checked (a valid one completes the turn), any other refused."""
         if self.output is None or self._truncated:
             return refusal
-        arguments = self.output.inner_arguments(call.name, call.as_written)
+        allowed = self.registry.allows(CALL_TOOL)
+        arguments = self.output.inner_arguments(call.name, call.as_written, call_tool=allowed)
         return refusal if arguments is None else self.output.call(arguments)[0]
 
     def _answered_in_text(self, output: FinalAnswer, final: ChatMessage) -> list[Effect]:
