@@ -316,3 +316,15 @@ def test_the_repl_turn_takes_output(chat_server, loopd_runtime, loopd_config, ca
     rt = loopd_runtime(config=wire(loopd_config, server.base_url))
     outcome = Helpers(rt).turn("r", "weather?", 30, output=Weather)
     assert isinstance(outcome, TurnCompleted) and outcome.output == Weather("Oslo", 4)
+
+
+def test_a_typed_turn_on_the_openai_backend(chat_server, loopd_runtime, loopd_config) -> None:
+    server = chat_server([call("final_answer", city="Oslo", celsius=5)])
+    config = wire(loopd_config, server.base_url)
+    config = config.replace(model=msgspec.structs.replace(config.model, backend="openai"))
+    rt = loopd_runtime(config=config)
+    outcome = rt.run_turn("o", "weather?", timeout=WAIT, output=Weather)
+    assert isinstance(outcome, TurnCompleted) and outcome.output == Weather("Oslo", 5)
+    (body,) = server.requests
+    assert "id_slot" not in body and "response_format" not in body
+    assert tool_names(body)[-1] == "final_answer"
