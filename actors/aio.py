@@ -20,19 +20,18 @@ from types import TracebackType
 from typing import Any
 
 from actors.core.config import Config, check_wait
+from actors.core.output import decoded
 from actors.models.base import AsyncChatModel, ChatModel
-from actors.runtime import Runtime, _utc_now
+from actors.runtime import Runtime, _utc_now, check_outcome, output_kind
 from actors.services.tool_loop import tools_on
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool
 from actors.tracing.base import Tracer
 from messages import (
     CancelTurn,
-    FailReason,
     Inspect,
     SubagentStarted,
     TurnEvent,
-    TurnFailed,
     TurnOutcome,
     check_session_id,
 )
@@ -154,16 +153,19 @@ class AsyncRuntime:
         *,
         speaker: str | None = None,
         agent: str | None = None,
+        output: Any = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended, without blocking the loop.
 
-        ``agent`` picks the profile of a new session, as in :meth:`Runtime.run_turn`. Raises
-        what that raises, before anything is sent or stored: ``ValueError`` for an invalid
-        session id, a ``timeout`` that is not a finite number of seconds above 0, or an unknown
-        ``agent``; ``TypeError`` for text that is not a ``str``. ``ValueError`` too when
-        ``agent`` is not the stored session's. ``TimeoutError`` after ``timeout`` seconds (the
-        turn goes on). Cancelling the awaiting task cancels the turn it started and every child
-        below it; a turn it did not start (it was refused ``busy``) is left alone.
+        ``agent`` and ``output`` are :meth:`Runtime.run_turn`'s: a profile for a new session,
+        and a typed result (a msgspec Struct or a JSON schema) whose validated value is
+        ``TurnCompleted.output``, decoded to that type. Raises what that raises, before
+        anything is sent or stored: ``ValueError`` for an invalid session id, a ``timeout``
+        that is not a finite number of seconds above 0, or an unknown ``agent``; ``TypeError``
+        for text that is not a ``str``. ``ValueError`` too when ``agent`` or the output schema
+        is not the stored session's. ``TimeoutError`` after ``timeout`` seconds (the turn goes
+        on). Cancelling the awaiting task cancels the turn it started and every child below
+        it; a turn it did not start (it was refused ``busy``) is left alone.
         """
         check_session_id(session)
         check_wait(timeout, "timeout")  # before anything is sent: no nan deadline on the loop
@@ -175,7 +177,9 @@ class AsyncRuntime:
         directory.register(address, mailbox)
         kept = False  # the mailbox outlives this call while a cancelled task's check runs
         try:
-            self.runtime.send_turn(session, text, speaker=speaker, reply_to=address, agent=agent)
+            self.runtime.send_turn(
+                session, text, speaker=speaker, reply_to=address, agent=agent, output=output
+            )
             try:
                 async with asyncio.timeout(timeout):
                     outcome = await asyncio.shield(future)
@@ -192,9 +196,8 @@ class AsyncRuntime:
                     self._checks.add(check)
                     check.add_done_callback(self._checks.discard)
                 raise
-            if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
-                raise ValueError(outcome.detail)
-            return outcome
+            kind = output_kind(self.runtime.config, output, agent)
+            return decoded(check_outcome(outcome), kind)
         finally:
             if not kept:
                 directory.unregister(address, mailbox)

@@ -19,7 +19,8 @@ import pykka
 
 from actors.core.agents import Agents
 from actors.core.config import Config, ConfigError, check_wait
-from actors.core.dispatch import Registry
+from actors.core.dispatch import DEFAULT_AGENT, Registry
+from actors.core.output import OutputTypes, decoded, turn_output
 from actors.core.text import RedactFilter, redact
 from actors.core.turn import Limits
 from actors.dispatcher import Dispatcher
@@ -55,6 +56,7 @@ from messages import (
     FailReason,
     Inspect,
     StartTurn,
+    ToolSpec,
     TurnEvent,
     TurnFailed,
     TurnOutcome,
@@ -64,7 +66,14 @@ from messages import (
 if TYPE_CHECKING:
     from actors.stores.postgres import PgMemory
 
-__all__ = ["Runtime", "check_outcome", "check_turn", "resolve_config", "turn_timed_out"]
+__all__ = [
+    "Runtime",
+    "check_outcome",
+    "check_turn",
+    "output_kind",
+    "resolve_config",
+    "turn_timed_out",
+]
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +173,7 @@ def check_turn(
     reply_to: str | None = None,
     agent: str | None = None,
     trace: dict[str, str] | None = None,
+    output: ToolSpec | None = None,
 ) -> StartTurn:
     """The ``StartTurn`` that a facade's ``run_turn`` or ``send_turn`` asks for, every argument
     checked before anything is sent or stored.
@@ -179,15 +189,27 @@ def check_turn(
     if agent is not None and agent not in config.agent_names():
         names = ", ".join(config.agent_names())
         raise ValueError(f"no agent profile is named {agent!r} (the config has: {names})")
-    return StartTurn(session, text, speaker, reply_to, agent, trace)
+    return StartTurn(session, text, speaker, reply_to, agent, trace, output)
 
 
 def check_outcome(outcome: TurnOutcome) -> TurnOutcome:
-    """``outcome`` as ``run_turn`` returns it: a turn that named another agent than its stored
-    session's is raised, ``ValueError`` with its detail, as the facades promise."""
-    if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+    """``outcome`` as ``run_turn`` returns it: a turn that named another agent or output
+    schema than its stored session's is raised, ``ValueError`` with its detail, as the facades
+    promise."""
+    wrong = (FailReason.WRONG_AGENT, FailReason.WRONG_OUTPUT)
+    if isinstance(outcome, TurnFailed) and outcome.reason in wrong:
         raise ValueError(outcome.detail)
     return outcome
+
+
+def output_kind(config: Config, output: Any, agent: str | None) -> Any:
+    """The Python type a facade decodes a typed turn's ``output`` to: ``output`` itself, or
+    else the ``output`` type of profile ``agent`` (``default`` for None); None: keep the
+    JSON value."""
+    if output is not None:
+        return output
+    name = agent or DEFAULT_AGENT
+    return config.agent(name).output if name in config.agent_names() else None
 
 
 def turn_timed_out(session: str, timeout: float | None) -> TimeoutError:
@@ -228,6 +250,9 @@ class Runtime:
         self._log_filter: RedactFilter | None = None
         self._shared_memory: PgMemory | None = None
         self.tracer: Tracer = NoTracer()
+        self.output_types = OutputTypes()
+        """The Python types of output schemas, shared with the sessions (msgspec validates
+        a session whose schema has one)."""
 
     @classmethod
     def start(
@@ -332,6 +357,7 @@ class Runtime:
             threshold_ratio=config.compact.threshold_ratio,
             max_tokens=config.model.max_tokens,
             keep_truncated=config.model.on_length == "keep",
+            output_retries=config.loop.output_retries,
         )
         dispatcher = Dispatcher(config.runtime.threads, name="loopd")
         # Guarded: a tracer that raises (a failing span processor) never changes an outcome.
@@ -399,6 +425,7 @@ class Runtime:
             config, directory, subscribers, refs, chat_model, registry, service, dispatcher
         )
         runtime.tracer = tracer
+        runtime.output_types = agents.output_types
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
         for name in _LIBRARY_LOGGERS:
@@ -426,15 +453,25 @@ class Runtime:
         speaker: str | None = None,
         reply_to: str | None = None,
         agent: str | None = None,
+        output: Any = None,
     ) -> None:
         """Start a turn without waiting; its outcome goes to the ``reply_to`` address, if any.
 
-        Raises as :meth:`run_turn` does for a bad session id, text, speaker or agent name; a
-        stored session of another agent is answered ``TurnFailed(reason=WRONG_AGENT)``.
+        Raises as :meth:`run_turn` does for a bad session id, text, speaker, agent name or
+        output schema; a stored session of another agent is answered
+        ``TurnFailed(reason=WRONG_AGENT)``, of another output schema ``WRONG_OUTPUT``. The
+        outcome's ``output`` is the JSON value (no Python type is decoded on this path).
         """
         trace = self.tracer.caller_trace()
         start = check_turn(
-            self.config, session, text, speaker=speaker, reply_to=reply_to, agent=agent, trace=trace
+            self.config,
+            session,
+            text,
+            speaker=speaker,
+            reply_to=reply_to,
+            agent=agent,
+            trace=trace,
+            output=turn_output(self.output_types, output),
         )
         self._tell_context(start)
 
@@ -446,11 +483,19 @@ class Runtime:
         *,
         speaker: str | None = None,
         agent: str | None = None,
+        output: Any = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return how it ended.
 
         ``agent`` picks the profile (``[agents.NAME]``) of a new session; a stored session
         keeps its own, and None means just that (``default`` for a new one).
+
+        ``output`` (a msgspec Struct or another type msgspec has a schema for, or a JSON
+        schema as a dict) makes the turn typed: the model ends it by calling
+        ``final_answer``, and ``TurnCompleted.output`` is the validated value, decoded to that
+        type (a dict schema: the JSON value). A new session is created with that schema; a
+        stored one must have been (else ``ValueError``); None keeps the session's, and a
+        profile's ``output`` type decodes it.
 
         Raises, before anything is stored: ``ValueError`` for an invalid session id, a child's
         id (``sub-...``), text or a speaker that is not valid Unicode, a ``timeout`` that is
@@ -470,6 +515,7 @@ class Runtime:
             reply_to=address,
             agent=agent,
             trace=trace,
+            output=turn_output(self.output_types, output),
         )
         waiter = _Waiter()
         self.directory.register(address, waiter)
@@ -479,7 +525,7 @@ class Runtime:
                 outcome: TurnOutcome = waiter.wait(timeout)
             except TimeoutError:
                 raise turn_timed_out(session, timeout) from None
-            return check_outcome(outcome)
+            return decoded(check_outcome(outcome), output_kind(self.config, output, agent))
         finally:
             self.directory.unregister(address, waiter)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from messages.base import Message
 from messages.chat import Usage
 from messages.ids import CallId, SessionId, check_text, check_top_level_session
+from messages.tools import ToolSpec
 
 __all__ = [
     "FailReason",
@@ -46,6 +48,12 @@ class FailReason(enum.StrEnum):
     WRONG_AGENT = "wrong_agent"
     """The turn named an agent profile that is not the stored session's, or the session's
     profile is no longer configured; nothing was stored."""
+    OUTPUT_INVALID = "output_invalid"
+    """A typed session's model gave no valid ``final_answer`` in ``loop.output_retries`` + 1
+    tries, or a typed child's answer was longer than ``loop.tool_result_cap``."""
+    WRONG_OUTPUT = "wrong_output"
+    """The turn named an output schema that is not the stored session's (or the session has
+    none); nothing was stored. A turn that names none keeps the session's."""
 
 
 class StartTurn(Message, frozen=True):
@@ -68,6 +76,10 @@ class StartTurn(Message, frozen=True):
     """The agent profile of a new session (None: ``default``); a stored session keeps its own,
     and naming another one fails the turn with ``WRONG_AGENT``."""
     trace: dict[str, str] | None = None
+    output: ToolSpec | None = None
+    """The ``final_answer`` tool of a typed turn (``actors.core.output.final_answer_spec``):
+    a new session is created with it; a stored one must have been (else ``WRONG_OUTPUT``).
+    None: a new session takes its profile's, a stored one keeps its own."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,6 +101,11 @@ class TurnCompleted(Message, frozen=True, repr_omit_defaults=True):
     content: str
     truncated: bool = False
     usage: Usage = Usage()
+    output: Any = None
+    """A typed session's answer (``final_answer``): the validated value as plain JSON data
+    (an object, or the inner value of a schema wrapped as ``value``); ``content`` is its JSON
+    text. The facades decode it to the Python type the turn or the profile gave. None for an
+    untyped turn."""
 
 
 class TurnFailed(Message, frozen=True):

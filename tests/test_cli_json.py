@@ -86,6 +86,7 @@ def test_run_json_prints_the_outcome_and_the_events_as_json_lines(tmp_path: Path
         "session": "main",
         "content": "four",
         "truncated": False,
+        "output": None,  # an untyped turn's (a typed one's holds its JSON value)
     }
     events = [msgspec.json.decode(e, type=TurnEvent) for e in done.stderr.splitlines()]
     assert type(events[0]).__name__ == "TurnStarted"

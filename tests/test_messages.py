@@ -197,7 +197,11 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         untrusted=True,
     ),
     StartTurn: lambda: StartTurn(
-        session="mm-thread", text="hello", speaker="ann", reply_to="supervisor"
+        session="mm-thread",
+        text="hello",
+        speaker="ann",
+        reply_to="supervisor",
+        output=ToolSpec("final_answer", "Give it.", {"type": "object", "properties": {}}),
     ),
     StoreFailed: lambda: StoreFailed(
         session="mm-thread",
@@ -249,7 +253,11 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     ToolDone: lambda: ToolDone(session="mm-thread", result=RESULT),
     ToolResult: lambda: RESULT,
     ToolSpec: lambda: SPEC,
-    TurnCompleted: lambda: TurnCompleted(session="mm-thread", content="the answer"),
+    TurnCompleted: lambda: TurnCompleted(
+        session="mm-thread",
+        content='{"city":"Oslo","people":[1,2.5,null,true]}',
+        output={"city": "Oslo", "people": [1, 2.5, None, True]},
+    ),
     TurnEnded: lambda: TurnEnded(
         session="mm-thread", completed=False, reason=FailReason.MODEL_ERROR, detail="503", at=AT
     ),
@@ -451,9 +459,9 @@ def test_no_message_field_is_declared_to_hold_a_live_object() -> None:
     loose: set[str] = set()
     for info in infos:
         loose.update(_live_object_fields(info, "", set()))
-    # A tool's JSON schema and a profile's extra request fields are free-form JSON; they are
-    # the only places an untyped value is allowed.
-    assert loose <= {"ToolSpec.parameters{}", "RequestOptions.extra_body{}"}
+    # A tool's JSON schema, a profile's extra request fields and a typed turn's validated
+    # value are free-form JSON; they are the only places an untyped value is allowed.
+    assert loose <= {"ToolSpec.parameters{}", "RequestOptions.extra_body{}", "TurnCompleted.output"}
 
 
 # --- SessionId ------------------------------------------------------------------------------

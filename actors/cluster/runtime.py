@@ -65,6 +65,15 @@ def _ray() -> Any:
     return ray
 
 
+def _no_output(output: Any) -> None:
+    """``run_turn(output=...)`` is not carried to shards yet: refuse it before anything runs."""
+    if output is not None:
+        raise ValueError(
+            "a cluster runtime does not take run_turn(output=...) yet; give the agent profile "
+            "an output_schema instead"
+        )
+
+
 class ClusterRuntime(Runtime):
     """A :class:`~actors.runtime.Runtime` whose sessions run on Ray shard actors.
 
@@ -190,14 +199,19 @@ class ClusterRuntime(Runtime):
         *,
         speaker: str | None = None,
         agent: str | None = None,
+        output: Any = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` on its shard and return how it ended.
+
+        ``output`` (a typed turn) is not carried to shards yet: it raises ``ValueError``
+        (a profile's ``output_schema`` works, its answer's ``output`` being the JSON value).
 
         A shard that dies during the turn answers ``TurnFailed(CRASHED)``. Raises what
         :meth:`Runtime.run_turn <actors.runtime.Runtime.run_turn>` raises, before any shard is
         called (the same checks: :func:`~actors.runtime.check_turn`), and ``TimeoutError``
         after ``timeout`` (the turn goes on).
         """
+        _no_output(output)
         start = check_turn(
             self.config, session, text, timeout=timeout, speaker=speaker, agent=agent
         )
@@ -240,11 +254,13 @@ class ClusterRuntime(Runtime):
         speaker: str | None = None,
         reply_to: str | None = None,
         agent: str | None = None,
+        output: Any = None,
     ) -> None:
         """Start a turn without waiting; its outcome goes to ``reply_to`` in :attr:`directory`.
 
         Raises as :meth:`run_turn` does, before any shard is called.
         """
+        _no_output(output)
         start = check_turn(self.config, session, text, speaker=speaker, agent=agent)
         self._check_open()
         index = self.shard_of(session)

@@ -10,14 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from actors.core.config import DEFAULT_AGENT, AgentConfig, Config, ConfigError
 from actors.core.dispatch import Registry
 from actors.core.files import read_regular_file
-from messages import RequestOptions
+from actors.core.output import OutputTypes, SchemaError, final_answer_spec
+from messages import RequestOptions, ToolSpec
 
 __all__ = [
     "DEFAULT_DESCRIPTION",
     "MAX_SYSTEM_FILE_BYTES",
+    "TYPED_NOTE",
     "Agent",
     "Agents",
     "request_options",
@@ -28,7 +32,10 @@ DEFAULT_DESCRIPTION = "The general agent, with every tool this runtime gives."
 ``description``."""
 
 MAX_SYSTEM_FILE_BYTES = 1 << 20
-"""The largest ``system_file`` read (1 MiB)."""
+"""The largest ``system_file`` (or ``output_schema_file``) read (1 MiB)."""
+
+TYPED_NOTE = "Answers with JSON that matches its output schema."
+"""What the ``subagent`` schema adds to the description of a profile with an output schema."""
 
 
 def request_options(
@@ -58,6 +65,8 @@ class Agent:
     profile: AgentConfig
     registry: Registry
     options: RequestOptions
+    output: ToolSpec | None = None
+    """The ``final_answer`` tool of the profile's output schema; None: untyped."""
 
 
 class Agents:
@@ -77,6 +86,12 @@ class Agents:
             for name in names:
                 text = config.agent(name).description
                 catalogue[name] = text or (DEFAULT_DESCRIPTION if name == DEFAULT_AGENT else "")
+        self.output_types = OutputTypes()
+        """The Python types of output schemas this runtime knows (profiles', ``run_turn``'s)."""
+        outputs = {name: self._output(name, config.agent(name)) for name in names}
+        for name, spec in outputs.items():
+            if name in catalogue and spec is not None:
+                catalogue[name] = (catalogue[name] + " " + TYPED_NOTE).strip()
         self._agents: dict[str, Agent] = {}
         for name in names:
             profile = config.agent(name)
@@ -85,7 +100,26 @@ class Agents:
             except ValueError as exc:
                 raise ConfigError(f"agents.{name}.tools: {exc}") from None
             options = request_options(profile, config.model.backend, config.model.stream)
-            self._agents[name] = Agent(name, profile, view, options)
+            self._agents[name] = Agent(name, profile, view, options, outputs[name])
+
+    def _output(self, name: str, profile: AgentConfig) -> ToolSpec | None:
+        """Profile ``name``'s ``final_answer`` tool; ``ConfigError`` naming the key when its
+        schema file cannot be read or its schema is not one loopd can use."""
+        if profile.output is not None:
+            return self.output_types.register(profile.output)
+        if profile.output_schema is not None:
+            return final_answer_spec(profile.output_schema)
+        if profile.output_schema_file is None:
+            return None
+        key = f"agents.{name}.output_schema_file"
+        path = self._home / Path(profile.output_schema_file)
+        try:
+            schema = msgspec.json.decode(read_regular_file(path, MAX_SYSTEM_FILE_BYTES))
+            return final_answer_spec(schema)
+        except OSError as exc:
+            raise ConfigError(f"{key}: cannot read {path}: {exc}") from None
+        except (msgspec.DecodeError, SchemaError) as exc:
+            raise ConfigError(f"{key}: {path}: {exc}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._agents

@@ -18,6 +18,7 @@ from actors.core.config_base import (
     check_base_url,
     check_path_text,
 )
+from actors.core.output import SchemaError, final_answer_spec, schema_of
 from messages import SlotPool, check_session_id
 
 __all__ = [
@@ -233,6 +234,15 @@ class AgentConfig(Section, frozen=True):
     extra_body: dict[str, Any] = field(default_factory=dict)
     """Fields merged into the request body (``top_k``, ``response_format``, ``grammar``...);
     the fields loopd sets itself (``model``, ``messages``, ``tools``...) are refused."""
+    output_schema: dict[str, Any] | None = None
+    """A JSON schema: this agent's sessions end each turn by calling ``final_answer`` with a
+    value it validates (a typed result)."""
+    output_schema_file: str | None = None
+    """A JSON file holding ``output_schema``, relative to ``home``; read when the runtime
+    starts."""
+    output: Any = None
+    """Python only: a type (a msgspec Struct) whose ``msgspec.json.schema`` is the output
+    schema; answers are validated and decoded by msgspec."""
 
     def check(self, name: str) -> None:
         """The rules between keys, checked by the :class:`Config` that holds this profile as
@@ -262,3 +272,30 @@ class AgentConfig(Section, frozen=True):
             raise ConfigError(f"{key}.extra_body may not set {', '.join(reserved)}: loopd sets it")
         if self.tools is not None and len(set(self.tools)) != len(self.tools):
             raise ConfigError(f"{key}.tools names a tool twice")
+        self._check_output(key)
+
+    def _check_output(self, key: str) -> None:
+        """At most one of ``output``, ``output_schema`` and ``output_schema_file``; a schema
+        loopd can use (the file is read when the runtime starts)."""
+        given = [
+            name
+            for name in ("output", "output_schema", "output_schema_file")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(f"{key}: set one of {', '.join(given)}, not several")
+        if self.output_schema_file is not None:
+            check_path_text(self.output_schema_file, f"{key}.output_schema_file")
+        try:
+            if self.output_schema is not None:
+                final_answer_spec(self.output_schema)
+            if self.output is not None:
+                if not isinstance(self.output, type) and not hasattr(self.output, "__origin__"):
+                    raise SchemaError(
+                        "it is a Python type (a msgspec Struct); in TOML use output_schema "
+                        "or output_schema_file"
+                    )
+                final_answer_spec(schema_of(self.output))
+        except SchemaError as exc:
+            field_name = "output_schema" if self.output_schema is not None else "output"
+            raise ConfigError(f"{key}.{field_name}: {exc}") from None

@@ -47,6 +47,9 @@ class LoopConfig(Section, frozen=True):
     """Children the whole runtime may have running at once; more calls are denied."""
     child_timeout_s: Annotated[float, Meta(gt=0)] | None = None
     """Seconds a child's turn may take before its parent is answered failed (none: no limit)."""
+    output_retries: Annotated[int, Meta(ge=0)] = 2
+    """Tries a typed session's model gets after its first to call ``final_answer`` with a
+    valid answer; when the last fails, the turn fails ``output_invalid``."""
     token_budget: Annotated[int, Meta(ge=1)] | None = None
     """Prompt plus completion tokens one top-level turn may spend, its children's included;
     once spent, no further model request of that family is sent (none: no limit)."""

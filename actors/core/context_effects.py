@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.core.turn_effects import Emit
-from messages import RunTurn, SessionRecord
+from messages import RunTurn, SessionRecord, ToolSpec
 
 __all__ = [
     "ArmSweep",
@@ -80,6 +80,8 @@ class BuildBaseline:
 
     session: str
     agent: str
+    output: ToolSpec | None = None
+    """The ``final_answer`` tool the baseline lists last (a typed session); None: untyped."""
 
 
 @dataclass(frozen=True)

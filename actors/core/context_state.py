@@ -53,6 +53,7 @@ from actors.core.context_effects import (
 )
 from actors.core.dispatch import ArgumentError, child_id
 from actors.core.holds import Hold, HoldTable
+from actors.core.output import output_fits, output_spec, wrong_output_detail
 from actors.core.passivation import IdleSessions
 from actors.core.session_state import store_failure_reason
 from actors.core.spawn import child_text
@@ -84,6 +85,7 @@ from messages import (
     TokensSpent,
     ToolDone,
     ToolResult,
+    ToolSpec,
     TurnEnded,
     TurnFailed,
     denial_message,
@@ -108,6 +110,8 @@ class Live:
     ref: object
     incarnation: int
     agent: str = DEFAULT_AGENT
+    output: ToolSpec | None = None
+    """Its ``final_answer`` tool (a typed session), to check a turn's schema against."""
 
 
 class ContextState:
@@ -190,6 +194,7 @@ class ContextState:
             reply_to=msg.reply_to,
             agent=msg.agent,
             trace=msg.trace,
+            output=msg.output,
         )
         if msg.agent is not None and msg.agent not in self.agents:
             detail = f"no agent profile is named {msg.agent} (see [agents.NAME] in the config)"
@@ -267,7 +272,8 @@ class ContextState:
             effects.append(StartTimer(child, spawn, timeout))
         # SPEC 5, steps 2 and 4: a child's id is always new, so it needs its baseline now.
         hold.slot = self.config.slots.home_slot("background")
-        effects.append(BuildBaseline(child, hold.agent or DEFAULT_AGENT))
+        hold.output = self.agents.get(msg.agent).output
+        effects.append(self._build_baseline(hold))
         return effects
 
     def _deny(self, msg: SubagentRequest, text: str) -> Effects:
@@ -309,6 +315,8 @@ class ContextState:
         if live is not None:
             if not self._agent_fits(hold, live.agent):
                 return self._wrong_agent(hold, live.agent)
+            if not output_fits(hold.output, live.output):
+                return self._wrong_output(hold)
             hold.incarnation = live.incarnation
             return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
         # Open first; only a session that is not stored needs a baseline (and so memory).
@@ -342,7 +350,14 @@ class ContextState:
         if not msg.missing:
             effects = self._release(msg.session)
             return effects + hold.failure(store_failure_reason(msg), msg.detail)
-        return [BuildBaseline(hold.session, hold.agent or DEFAULT_AGENT)]
+        return [self._build_baseline(hold)]
+
+    def _build_baseline(self, hold: Hold) -> BuildBaseline:
+        """The question for a new session's baseline: its profile's, with the ``final_answer``
+        tool of the turn's output schema, or else of the profile's."""
+        agent = hold.agent or DEFAULT_AGENT
+        output = hold.output or self.agents.get(agent).output
+        return BuildBaseline(hold.session, agent, output)
 
     def _agent_fits(self, hold: Hold, stored: str) -> bool:
         """Whether ``hold`` may run a session stored with profile ``stored``."""
@@ -371,7 +386,15 @@ class ContextState:
             return []  # answered already (cancelled, or the runtime is stopping)
         if not self._agent_fits(hold, msg.record.agent):
             return self._wrong_agent(hold, msg.record.agent)
+        if not output_fits(hold.output, output_spec(msg.record.baseline)):
+            return self._wrong_output(hold)
         return self._start_session(msg.record, hold.run_turn())
+
+    def _wrong_output(self, hold: Hold) -> Effects:
+        """Release ``hold`` and answer it ``WRONG_OUTPUT`` (nothing was stored for it)."""
+        effects = self._release(hold.session)
+        detail = wrong_output_detail(hold.session)
+        return effects + hold.failure(FailReason.WRONG_OUTPUT, detail, turn_began=False)
 
     def _start_session(self, record: SessionRecord, run: RunTurn) -> Effects:
         """Ask for the actor of ``record``, a new incarnation, to be started, then told ``run``."""
@@ -381,7 +404,10 @@ class ContextState:
         """The answer to :class:`StartSession`: the actor ``ref`` runs; tell it its turn, and
         passivate the least recently used idle sessions past ``sessions.max_live``."""
         session = asked.record.id
-        self.live[session] = Live(ref, asked.incarnation, asked.record.agent)
+        record = asked.record
+        self.live[session] = Live(
+            ref, asked.incarnation, record.agent, output_spec(record.baseline)
+        )
         hold = self.holds.get(session)
         effects: Effects = []
         if hold is not None:

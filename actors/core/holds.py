@@ -15,6 +15,7 @@ from actors.core.config import DEFAULT_AGENT
 from actors.core.context_effects import ContextEffect, Emit, Reply, ToSession
 from actors.core.dispatch import descends_from
 from actors.core.spawn import child_summary
+from actors.core.text import neutralise
 from messages import (
     Baseline,
     ChatMessage,
@@ -26,6 +27,7 @@ from messages import (
     SubagentCompleted,
     SubagentFailed,
     SubagentFinished,
+    ToolSpec,
     TurnCompleted,
     TurnEnded,
     TurnFailed,
@@ -62,6 +64,9 @@ class Hold:
     """The trace context the turn belongs under."""
     untrusted: bool = False
     """A child's: its parent's untrusted flag at the spawn, which the child starts with."""
+    output: ToolSpec | None = None
+    """The ``final_answer`` tool asked for (a typed turn): a new session is created with it;
+    a typed child's JSON reaches its parent uncut."""
 
     @property
     def is_child(self) -> bool:
@@ -143,7 +148,13 @@ class Hold:
         at most ``summary_chars``)."""
         assert self.parent is not None
         if isinstance(outcome, TurnCompleted):
-            summary = child_summary(outcome.content, summary_chars)
+            # A typed child's JSON is neutralised, never cut (its turn failed if too long).
+            typed = self.output is not None
+            summary = (
+                neutralise(outcome.content)
+                if typed
+                else child_summary(outcome.content, summary_chars)
+            )
             reply: SubagentCompleted | SubagentFailed = SubagentCompleted(
                 self.parent, self.call_id, self.session, summary, untrusted, outcome.usage
             )

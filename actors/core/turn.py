@@ -35,10 +35,12 @@ from datetime import datetime
 import msgspec
 
 from actors.core.dispatch import (
+    CALL_TOOL,
     Answered,
     ArgumentError,
     Registry,
     Remember,
+    Route,
     SpawnChild,
     ToPort,
     child_id,
@@ -46,6 +48,7 @@ from actors.core.dispatch import (
     is_json_object,
 )
 from actors.core.dispatch import dispatch as route_call
+from actors.core.output import ANSWER_BY_CALLING, Done, Fail, FinalAnswer, outcome_of
 from actors.core.session_state import (
     SessionState,
     estimate_tokens,
@@ -127,6 +130,8 @@ class Limits:
     max_tokens: int = 2048
     keep_truncated: bool = False
     """``model.on_length = "keep"``: a cut-off final answer completes, marked truncated."""
+    output_retries: int = 2
+    """``loop.output_retries``: a typed session's tries after its first."""
 
 
 class _Phase(enum.Enum):
@@ -182,6 +187,8 @@ class Turn:
     _retried_too_long: bool = False
     usage: Usage = field(default_factory=Usage)
     """What the turn has spent so far: its own requests and its children's turns."""
+    output: FinalAnswer | None = None
+    """A typed session's tries (``actors.core.output``); None: the turn ends in text."""
 
     # Inputs.
 
@@ -271,6 +278,8 @@ class Turn:
                 )
             done = TurnCompleted(self.state.id, content, truncated=answer.truncated)
             final = ChatMessage(role="assistant", content=content, usage=_stored(answer.usage))
+            if self.output is not None:
+                return effects + self._answered_in_text(self.output, final)
             return effects + self._save((final,), lambda: self.finish_turn(done))
         calls = []
         for proposed in answer.tool_calls:
@@ -308,8 +317,9 @@ class Turn:
             return self._compact_in_turn(self._send, lambda _detail: self.finish_turn(failed))
         return self.finish_turn(failed)
 
-    def tool_result(self, result: ToolResult) -> list[Effect]:
-        """A dispatched call has its result; once all have, they go back in call order."""
+    def tool_result(self, result: ToolResult, cap: int | None = None) -> list[Effect]:
+        """A dispatched call has its result; once all have, they go back in call order. Its
+        text is capped at ``cap`` characters (``loop.tool_result_cap`` unless given)."""
         if self.phase is not _Phase.CALLING or result.call_id in self._results:
             return []
         call = next((c for c in self._calls if c.id == result.call_id), None)
@@ -317,7 +327,7 @@ class Turn:
             return []
         if result.untrusted:
             self.state.untrusted = True
-        text = cap_chars(result.text, self.limits.tool_result_cap)
+        text = cap_chars(result.text, self.limits.tool_result_cap if cap is None else cap)
         self._results[call.id] = msgspec.structs.replace(result, text=text)
         finished = ToolCallFinished(
             session=self.state.id, call_id=call.id, name=call.name, denied=result.denied
@@ -335,8 +345,10 @@ class Turn:
         ):
             self.usage = add_usage(self.usage, result.usage)
         text = subagent_result_text(result)
+        # The cap is the summary's: a typed child's JSON (at most the cap) is never cut.
+        cap = self.limits.tool_result_cap + len(text) - len(getattr(result, "summary", text))
         return self.tool_result(
-            ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted)
+            ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted), cap
         )
 
     def cancel(self, reason: FailReason, detail: str) -> list[Effect]:
@@ -466,6 +478,8 @@ class Turn:
             if self._truncated:
                 detail = f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)"
                 route = Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), True)
+            if self.output is not None:
+                route = self._final_answer_route(self.output, call, route)
             if isinstance(route, ToPort):
                 effects.append(CallPort(call.id, route.name, route.arguments))
                 continue
@@ -515,14 +529,19 @@ class Turn:
             for c in self._calls
         )
         self._calls, self._results = [], {}
+        if self.output is not None:
+            return self._save(messages, self._after_final_answer(self.output.settle()))
         return self._save(messages, self._ask)
 
     def _refuse_at_limit(self, assistant: ChatMessage) -> list[Effect]:
         detail = f"loop.max_steps is {self.limits.max_steps}"
         text = denial_message(DenyReason.STEP_LIMIT, detail)
         refusals = tuple(
-            ChatMessage(role="tool", content=text, tool_call_id=c.id) for c in self._calls
+            ChatMessage(role="tool", content=self._at_limit(c, text), tool_call_id=c.id)
+            for c in self._calls
         )
+        if self.output is not None and isinstance(verdict := self.output.settle(), Done):
+            return self._save((assistant, *refusals), self._after_final_answer(verdict))
         failed = TurnFailed(
             self.state.id,
             FailReason.TURN_LIMIT,
@@ -544,6 +563,48 @@ class Turn:
             self._if_not_compacted = lambda _detail: self._finish()
             return [*effects, *self._summarise(self.state.transcript)]
         return [*effects, *self._finish()]
+
+    # A typed session (actors.core.output): the turn ends with a valid final_answer call.
+
+    def _final_answer_route(self, output: FinalAnswer, call: ToolCall, route: Route) -> Route:
+        """A ``final_answer`` call is answered here: accepted, or denied naming the field."""
+        allowed = self.registry.allows(CALL_TOOL)
+        arguments = output.inner_arguments(call.name, call.as_written, call_tool=allowed)
+        if arguments is None:
+            return route
+        if self._truncated:
+            output.cut_off(f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)")
+            return route
+        text, denied = output.call(arguments)
+        return Answered(text, denied)
+
+    def _at_limit(self, call: ToolCall, refusal: str) -> str:
+        """A call's text when the answer came at ``loop.max_steps``: a ``final_answer`` call is
+        still checked (a valid one completes the turn), any other refused."""
+        if self.output is None or self._truncated:
+            return refusal
+        allowed = self.registry.allows(CALL_TOOL)
+        arguments = self.output.inner_arguments(call.name, call.as_written, call_tool=allowed)
+        return refusal if arguments is None else self.output.call(arguments)[0]
+
+    def _answered_in_text(self, output: FinalAnswer, final: ChatMessage) -> list[Effect]:
+        """A typed session's model answered in text: a failed try, answered with
+        :data:`ANSWER_BY_CALLING` while a try (and a step) is left."""
+        limits = self.limits
+        ended = output.after_text(self.state.id, self.step, limits.max_steps)
+        if ended is not None:
+            return self._save((final,), lambda: self.finish_turn(ended))
+        nudge = ChatMessage(role="user", content=ANSWER_BY_CALLING)
+        return self._save((final, nudge), self._ask)
+
+    def _after_final_answer(self, verdict: Done | Fail | None) -> Callable[[], list[Effect]]:
+        """What follows the results of an answer of a typed session: the next request, or the
+        turn's end."""
+        if verdict is None:
+            return self._ask
+        s, cap = self.state, self.limits.tool_result_cap
+        outcome = outcome_of(verdict, s.id, child=s.parent is not None, cap=cap)
+        return lambda: self.finish_turn(outcome)
 
     def _compact_in_turn(
         self,

@@ -38,6 +38,7 @@ from actors.core.context_effects import (
 )
 from actors.core.context_state import SWEEP_MAX_S, ContextState
 from actors.core.dispatch import Registry
+from actors.core.output import with_output
 from actors.core.spawn import build_baseline
 from actors.dispatcher import DispatchedActor, TimerHandle
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, STORE, Directory, session_address
@@ -245,7 +246,7 @@ class ContextActor(DispatchedActor):
 
     def _build_baseline(self, asked: BuildBaseline) -> list[ContextEffect]:
         try:
-            baseline = self._baseline(asked.session, asked.agent)
+            baseline = with_output(self._baseline(asked.session, asked.agent), asked.output)
         except Exception as exc:
             # Memory kept in a store out of reach (PostgreSQL's entries) is the store's failure.
             store = isinstance(exc, StoreError)

@@ -14,6 +14,7 @@ import msgspec
 from actors.core.agents import Agent, Agents
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
+from actors.core.output import FinalAnswer, OutputTypes
 from actors.core.session_state import SessionState, store_failure_reason
 from actors.core.turn import Limits, Turn
 from actors.core.turn_effects import (
@@ -215,14 +216,7 @@ class SessionActor(DispatchedActor):
         self.trace = message.trace
         self.create = message.create
         self.text = message.text
-        self.turn = Turn(
-            self.state,
-            self.agent.registry,
-            self.env.limits,
-            self.env.request_ids,
-            self.env.clock,
-            agent=self.agent.name,
-        )
+        self.turn = self._new_turn()
         self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
 
     def _created(self, turn: Turn, message: SessionLoaded) -> list[Effect]:
@@ -236,7 +230,13 @@ class SessionActor(DispatchedActor):
         # that record is the truth, and the turn starts over on it. What this turn had (an
         # answer not stored) is dropped; the stored turn is repaired first, as on a restart.
         self.state = SessionState.from_record(message.record)
-        self.turn = Turn(
+        self.turn = self._new_turn()
+        return self.turn.start(self.text)
+
+    def _new_turn(self) -> Turn:
+        """A turn of this session; a typed one (its baseline lists ``final_answer``) counts
+        its tries, validated with msgspec when the runtime knows a Python type for it."""
+        turn = Turn(
             self.state,
             self.agent.registry,
             self.env.limits,
@@ -244,7 +244,11 @@ class SessionActor(DispatchedActor):
             self.env.clock,
             agent=self.agent.name,
         )
-        return self.turn.start(self.text)
+        types = self.env.agents.output_types if self.env.agents is not None else OutputTypes()
+        rule = types.rule(self.state.baseline, self.env.limits.output_retries)
+        if rule is not None:
+            turn.output = FinalAnswer(rule)
+        return turn
 
     def record(self) -> SessionRecord:
         """The session as it stands now, in the shape the store gives it."""

@@ -121,6 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Before Runtime.start creates anything under home.
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
+    schema = _output_schema(args.output_schema)
     config = _one_shot(_config(args))
     tools = load_tools(args.tools)
     _exit_on_sigterm()
@@ -131,7 +132,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             else:
                 rt.subscribe(EventPrinter(sys.stderr))
         try:
-            outcome = rt.run_turn(args.session, args.text, timeout=args.timeout, agent=args.agent)
+            outcome = rt.run_turn(
+                args.session, args.text, timeout=args.timeout, agent=args.agent, output=schema
+            )
         except TimeoutError:
             return _timed_out(rt, args)
     if args.json:
@@ -143,6 +146,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     detail = escape_controls(redact(outcome.detail, config.model.secrets()))
     print(f"loopd: the turn failed: {outcome.reason}: {detail}", file=sys.stderr)
     return 1
+
+
+def _output_schema(path: Path | None) -> dict[str, Any] | None:
+    """``run --output-schema FILE``: the JSON schema in FILE, checked before anything starts
+    (``ValueError`` naming the file)."""
+    if path is None:
+        return None
+    from actors.core.output import SchemaError, final_answer_spec
+
+    try:
+        schema = msgspec.json.decode(path.read_bytes())
+        final_answer_spec(schema)
+    except (msgspec.DecodeError, SchemaError) as exc:
+        raise ValueError(f"--output-schema {path}: {exc}") from None
+    assert isinstance(schema, dict)
+    return schema
 
 
 def _timed_out(rt: Runtime, args: argparse.Namespace) -> int:
@@ -287,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--agent",
         help="the agent profile ([agents.NAME]) of a new session; a stored one keeps its own",
+    )
+    run.add_argument(
+        "--output-schema",
+        type=Path,
+        metavar="FILE",
+        help="a JSON schema file: the answer is a JSON value it validates, printed as JSON",
     )
     run.add_argument("--json", action="store_true", help="the outcome and events as JSON lines")
     _tools_flag(run)

@@ -194,11 +194,18 @@ class Helpers:
     # Turns.
 
     def turn(
-        self, session: str, text: str, timeout: float = 120, *, agent: str | None = None
+        self,
+        session: str,
+        text: str,
+        timeout: float = 120,
+        *,
+        agent: str | None = None,
+        output: Any = None,
     ) -> TurnOutcome:
         """Run one turn of ``session`` and return its TurnCompleted or TurnFailed; ``agent``
         picks the profile of a new session (``ValueError`` for another one than a stored
-        session's).
+        session's), ``output`` a typed result (a msgspec Struct or a JSON schema, as
+        ``Runtime.run_turn`` takes it: ``outcome.output`` is the value).
 
         The turn's events, its children's included, are printed live while it runs (once
         only if ``tail`` is on). Raises ``ValueError`` for an invalid id and ``TimeoutError``
@@ -216,7 +223,7 @@ class Helpers:
         unsubscribe = self.rt.subscribe(watch)
         try:
             try:
-                outcome = self.rt.run_turn(session, text, timeout, agent=agent)
+                outcome = self.rt.run_turn(session, text, timeout, agent=agent, output=output)
             except KeyboardInterrupt:
                 return self._interrupted(session)
             # The session emits TurnEnded before it reports the outcome, so the bus has it

@@ -8,6 +8,7 @@ tiny model would not reliably make, replaces an answer after the server has made
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from llama_proxy import Proxy
 
@@ -303,3 +305,73 @@ def test_an_answer_cut_at_max_tokens_is_reported(proxy: Proxy, tmp_path: Path) -
     assert isinstance(outcome, TurnFailed)
     assert outcome.reason is FailReason.MODEL_ERROR
     assert "hit max_tokens (5 tokens, model.max_tokens)" in outcome.detail
+
+
+# --- typed results -----------------------------------------------------------------------------
+
+
+class Greeting(msgspec.Struct):
+    name: str
+    words: int
+
+
+def _prefix_only_extended(exchanges: list[Any]) -> None:
+    for before, after in itertools.pairwise(e.request for e in exchanges):
+        assert after["messages"][: len(before["messages"])] == before["messages"]
+        assert after["tools"] == before["tools"]
+
+
+def test_a_typed_turn_runs_on_the_real_server_whatever_the_tiny_model_answers(
+    proxy: Proxy, tmp_path: Path
+) -> None:
+    """loopd's handling, not the model's skill: the server takes the final_answer tool (its
+    schema turned into a grammar with --jinja) and every later request, and the turn ends
+    either with a validated value or OUTPUT_INVALID / TURN_LIMIT after the nudges."""
+    proxy.edit_request = greedy
+    base = config(tmp_path, proxy)
+    typed = base.replace(loop=msgspec.structs.replace(base.loop, output_retries=1, max_steps=4))
+    with Runtime.start(typed) as rt:
+        outcome = rt.run_turn(
+            "typed",
+            "Greet Ada: call final_answer with her name and 2.",
+            timeout=TURN_S,
+            output=Greeting,
+        )
+    assert all(e.status == 200 for e in proxy.exchanges)
+    # The typed session's own requests (a child the model may spawn runs on slot 1, untyped).
+    exchanges = [e for e in proxy.exchanges if e.request["id_slot"] == 0]
+    assert exchanges
+    for exchange in exchanges:
+        names = [t["function"]["name"] for t in exchange.request["tools"]]
+        assert "final_answer" in names
+    _prefix_only_extended(exchanges)
+    if isinstance(outcome, TurnCompleted):
+        assert isinstance(outcome.output, Greeting)
+        assert msgspec.json.decode(outcome.content, type=Greeting) == outcome.output
+    else:
+        assert outcome.reason in (FailReason.OUTPUT_INVALID, FailReason.TURN_LIMIT), outcome
+        assert len(exchanges) >= 2  # it was asked again at least once
+
+
+def test_a_typed_retry_history_is_accepted_by_the_real_server(proxy: Proxy, tmp_path: Path) -> None:
+    """An invalid final_answer (denied naming the field), then a valid one: the server takes
+    the history with the denial, and the turn returns the Struct."""
+    proxy.edit_request = greedy
+    answers = iter(
+        [json.dumps({"name": "Ada", "words": "two"}), json.dumps({"name": "Ada", "words": 2})]
+    )
+
+    def edit_answer(request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        return as_tool_call(answer, "final_answer", next(answers, '{"name": "x", "words": 0}'))
+
+    proxy.edit_answer = edit_answer
+    with Runtime.start(config(tmp_path, proxy)) as rt:
+        outcome = rt.run_turn("retry", "Greet Ada.", timeout=TURN_S, output=Greeting)
+    assert isinstance(outcome, TurnCompleted), outcome
+    assert outcome.output == Greeting("Ada", 2)
+    first, second = proxy.exchanges
+    assert [first.status, second.status] == [200, 200]
+    denial = second.request["messages"][-1]["content"]
+    assert denial.startswith("Denied: the arguments are not valid for this tool: ")
+    assert "$.words" in denial
+    _prefix_only_extended([first, second])
