@@ -140,10 +140,13 @@ class AsyncRuntime:
         speaker: str | None = None,
         reply_to: str | None = None,
         agent: str | None = None,
+        output: Any = None,
     ) -> None:
         """Start a turn without waiting for it, as :meth:`Runtime.send_turn` does (it only tells
         the Context, so it never blocks the loop); its outcome goes to ``reply_to``, if any."""
-        self.runtime.send_turn(session, text, speaker=speaker, reply_to=reply_to, agent=agent)
+        self.runtime.send_turn(
+            session, text, speaker=speaker, reply_to=reply_to, agent=agent, output=output
+        )
 
     async def run_turn(
         self,
