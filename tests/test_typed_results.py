@@ -20,7 +20,7 @@ from actors.core.config import AgentConfig
 from actors.core.output import ANSWER_BY_CALLING
 from actors.shells.cli import main as cli_main
 from actors.testing import call, calls, reply
-from messages import FailReason, TurnCompleted, TurnFailed
+from messages import FailReason, TurnCompleted, TurnFailed, Usage
 
 WAIT = 10.0
 
@@ -36,6 +36,11 @@ CITY = {
     "required": ["city", "people"],
     "additionalProperties": False,
 }
+
+
+def unmeasured(n: int) -> Usage:
+    """The usage of ``n`` requests whose server reported no usage: counted, unmeasured."""
+    return Usage(requests=n, unmeasured_requests=n)
 
 
 def wire(config: Config, url: str, **loop: Any) -> Config:
@@ -131,7 +136,10 @@ def test_a_text_answer_is_answered_and_the_last_failed_try_fails_output_invalid(
     rt = loopd_runtime(config=wire(loopd_config, server2.base_url))
     done = rt.run_turn("c", "try again", timeout=WAIT)
     assert done == TurnCompleted(
-        "c", '{"city":"Oslo","people":700000}', output={"city": "Oslo", "people": 700000}
+        "c",
+        '{"city":"Oslo","people":700000}',
+        usage=unmeasured(1),
+        output={"city": "Oslo", "people": 700000},
     )
     (last,) = server2.requests
     assert last["messages"][: len(third["messages"])] == third["messages"]
@@ -143,7 +151,7 @@ def test_a_schema_that_is_not_an_object_is_wrapped_as_value(
     server = chat_server([call("final_answer", value=[1, 2, 3])])
     rt = loopd_runtime(config=wire(loopd_config, server.base_url))
     outcome = rt.run_turn("n", "three numbers", timeout=WAIT, output=list[int])
-    assert outcome == TurnCompleted("n", "[1,2,3]", output=[1, 2, 3])
+    assert outcome == TurnCompleted("n", "[1,2,3]", usage=unmeasured(1), output=[1, 2, 3])
     (body,) = server.requests
     final = next(t for t in body["tools"] if t["function"]["name"] == "final_answer")
     assert final["function"]["parameters"] == {
@@ -207,7 +215,7 @@ def test_a_typed_child_answers_its_parent_with_its_json_uncut(
     expected = (
         "sub-p-1 completed\n" + msgspec.json.encode({"city": long_city, "people": 5}).decode()
     )
-    assert outcome == TurnCompleted("p", expected)
+    assert outcome == TurnCompleted("p", expected, usage=unmeasured(3))  # the child's included
 
     parent_first, child, parent_second = server.requests
     assert "final_answer" in tool_names(child) and "final_answer" not in tool_names(parent_first)
@@ -234,7 +242,8 @@ def test_a_typed_child_longer_than_the_tool_result_cap_fails_at_once(
     config = wire(loopd_config, server.base_url, tool_result_cap=100)
     rt = loopd_runtime(config=config.replace(agents={"census": census}))
     rt.subscribe(events.append)
-    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "sub-p-1 failed")
+    outcome = rt.run_turn("p", "go", timeout=WAIT)
+    assert outcome == TurnCompleted("p", "sub-p-1 failed", usage=unmeasured(3))
     assert len(server.requests) == 3  # no retry of the child
     ended = [e for e in events if type(e).__name__ == "TurnEnded" and e.session == "sub-p-1"]
     assert ended and ended[0].reason is FailReason.OUTPUT_INVALID
