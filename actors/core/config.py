@@ -17,6 +17,7 @@ from croniter import CroniterError, croniter
 from msgspec import Meta, field
 
 from actors.core.files import read_regular_file
+from actors.core.listen import parse_listen
 from actors.core.text import redact
 from messages import SlotPool, check_session_id, check_top_level_session
 
@@ -36,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "PortConfig",
     "RuntimeConfig",
+    "ServeConfig",
     "SessionsConfig",
     "SlotPool",
     "SlotsConfig",
@@ -610,6 +612,29 @@ class ClusterConfig(_Section, frozen=True):
             raise ConfigError(f"cluster.engine must be 'none' or 'ray', not {self.engine!r}")
 
 
+class ServeConfig(_Section, frozen=True):
+    """``[serve]``: the HTTP service of ``loopd serve --listen`` (see docs/guide.md)."""
+
+    _key: ClassVar[str] = "serve"
+
+    listen: str | None = None
+    """``HOST:PORT`` to serve on (``--listen`` wins); none: no HTTP service."""
+    token_env: str | None = None
+    """The environment variable holding the bearer token every request must send."""
+    replay_events: Annotated[int, Meta(ge=0, le=1_000_000)] = 1000
+    """How many recent events a reconnecting ``/v1/events`` client can replay."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.listen is not None:
+            try:
+                parse_listen(self.listen)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.token_env is not None and _ENV_NAME.fullmatch(self.token_env) is None:
+            raise ConfigError(f"serve.token_env is not a variable name: {self.token_env!r}")
+
+
 def _default_home() -> str:
     return str(Path("~/.loopd").expanduser())
 
@@ -635,6 +660,7 @@ class Config(_Section, frozen=True):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     """``[agents.NAME]`` profiles, by name."""
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.

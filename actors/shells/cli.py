@@ -180,7 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from actors.shells.serve import serve
 
     config = _config(args)
-    return serve(config, json_lines=args.json, tools=load_tools(args.tools))
+    return serve(config, json_lines=args.json, tools=load_tools(args.tools), listen=args.listen)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -310,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")
     common(serve, endpoint=True)
     serve.add_argument("--json", action="store_true", help="each event as one JSON line")
+    serve.add_argument(
+        "--listen", metavar="HOST:PORT", help="also serve the runtime over HTTP (see [serve])"
+    )
     _tools_flag(serve)
     serve.set_defaults(fn=cmd_serve)
 
