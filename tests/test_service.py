@@ -113,10 +113,37 @@ def test_a_turn_without_wait_answers_202_at_once_and_runs(serve) -> None:
 
 
 def test_a_failed_turn_answers_200_with_its_turn_failed(serve) -> None:
-    s = serve(lambda request: call("nosuchtool"))
+    s = serve([])  # a script with no answers: the model fails the first request
     response = s.client.post("/v1/sessions/loop/turns", json={"text": "go"})
     assert response.status_code == 200
-    assert isinstance(outcome(response), TurnFailed | TurnCompleted)
+    failed = outcome(response)
+    assert isinstance(failed, TurnFailed) and failed.reason is FailReason.MODEL_ERROR
+    assert "ran out of answers" in failed.detail
+    assert response.json()["reason"] == "model_error"
+
+
+def test_a_client_that_goes_away_mid_turn_leaves_the_turn_running_to_its_end(serve) -> None:
+    asked = threading.Event()
+    release = threading.Event()
+
+    def script(request: ModelRequest):
+        asked.set()
+        release.wait(WAIT)
+        return reply("stored anyway")
+
+    s = serve(script)
+    ended = s.ended("gone")
+    body = b'{"text": "hi"}'
+    with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
+        raw.sendall(
+            b"POST /v1/sessions/gone/turns HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert asked.wait(WAIT)
+    release.set()  # the client has gone; the turn ends and is stored
+    assert ended.wait(WAIT)
+    shown = s.client.get("/v1/sessions/gone").json()
+    assert shown["turns"] == 1 and shown["transcript"][-1]["content"] == "stored anyway"
 
 
 @pytest.mark.parametrize(
@@ -491,7 +518,7 @@ def test_the_openapi_document_describes_exactly_the_apps_routes(serve) -> None:
     routes = {
         (route.path, method)
         for route in s.service.app.routes
-        for method in (route.methods or ()) - {"HEAD"}
+        for method in (getattr(route, "methods", None) or set()) - {"HEAD"}
         if route.path.startswith("/v1/") or route.path == "/healthz"
     }
     assert document == routes

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -20,7 +21,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from actors.aio import AsyncRuntime
 from actors.core.usage import total_usage
@@ -401,6 +403,32 @@ def api_routes() -> list[BaseRoute]:
     ]
 
 
+STATIC = Path(__file__).resolve().parent / "static"
+"""The page's files (package data): index.html, app.js, tree.js, app.css."""
+
+_PAGE_HEADERS = {
+    # Only the page's own files run: no inline script, nothing from elsewhere.
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+async def get_page(request: Request) -> Response:
+    """``GET /``: the page (no token needed; it asks for one when the API answers 401)."""
+    page = (STATIC / "index.html").read_bytes()
+    return Response(page, 200, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+
+
+def page_routes() -> list[BaseRoute]:
+    """The page and its static files (outside the API and its document)."""
+    return [
+        Route("/", get_page, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+
+
 def _guarded(handler: Any) -> Any:
     """``handler`` with its refusals answered as JSON errors (a store that fails is 503)."""
 
@@ -440,7 +468,7 @@ def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
             state.finish()
 
     app = Starlette(
-        routes=api_routes(),
+        routes=api_routes() + page_routes(),
         middleware=[Middleware(BearerAuth, token=settings.token)],
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
