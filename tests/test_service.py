@@ -136,7 +136,7 @@ def test_a_client_that_goes_away_mid_turn_leaves_the_turn_running_to_its_end(ser
     body = b'{"text": "hi"}'
     with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
         raw.sendall(
-            b"POST /v1/sessions/gone/turns HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/sessions/gone/turns HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         assert asked.wait(WAIT)
@@ -284,7 +284,7 @@ def test_path_tricks_are_refused_and_read_no_file(serve, path: str) -> None:
     s = serve()
     # A raw request: an HTTP client would tidy the dots away before sending.
     with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
-        raw.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        raw.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
         answer = b""
         while chunk := raw.recv(65536):
             answer += chunk
@@ -537,3 +537,74 @@ def test_loopd_serve_on_a_taken_port_exits_2_naming_it(tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert f"loopd: cannot listen on 127.0.0.1:{port}: Address already in use" in err
     assert "docs/runbook.md#serve-cannot-listen" in err and "Traceback" not in err
+
+
+def test_a_last_event_id_of_an_earlier_run_says_gap_and_streams_on(serve) -> None:
+    s = serve()
+    again = Reader(s.client, ended(DEMO_SESSION), headers={"Last-Event-ID": "5000"})
+    s.client.post(f"/v1/sessions/{DEMO_SESSION}/turns", json={"text": DEMO_TEXT})
+    got = again.wait()
+    gap = msgspec.json.decode(got[0]["data"])
+    assert got[0]["event"] == "gap" and gap["after"] == 5000 and gap["first"] == 1
+    assert "restarted" in gap["detail"]
+    assert got[1]["id"] == "1" and got[1]["event"] == "TurnStarted"
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        ({"Origin": "http://evil.example"}, "another origin"),
+        ({"Origin": "null"}, "another origin"),
+        ({"Host": "evil.example:8321"}, "answers only requests for a loopback host"),
+        ({"Host": "evil.example", "Origin": "http://evil.example"}, "loopback host"),
+    ],
+)
+def test_a_request_from_another_sites_page_is_403(serve, headers: dict, said: str) -> None:
+    """A page elsewhere may post to 127.0.0.1 (no preflight for a plain form post) or rebind its
+    own name to it: neither may run a turn on a loopback service without a token."""
+    s = serve()
+    response = s.client.post("/v1/sessions/csrf/turns", content=b'{"text": "hi"}', headers=headers)
+    assert response.status_code == 403 and said in response.json()["error"]
+    assert s.client.get("/v1/sessions").json() == {"sessions": []}  # nothing ran
+
+
+def test_the_services_own_page_origin_and_localhost_pass(serve) -> None:
+    s = serve()
+    own = s.service.url  # http://127.0.0.1:PORT
+    response = s.client.post(
+        f"/v1/sessions/{DEMO_SESSION}/turns", json={"text": DEMO_TEXT}, headers={"Origin": own}
+    )
+    assert response.status_code == 200
+    local = {"Host": f"localhost:{s.service.port}", "Origin": f"http://localhost:{s.service.port}"}
+    assert s.client.get("/v1/sessions", headers=local).status_code == 200
+
+
+def test_a_stalled_client_is_cut_off_after_the_write_deadline(serve, monkeypatch) -> None:
+    """A client that takes nothing while its queue still has room: a write that waits past
+    WRITE_S ends its stream, so it holds up neither the runtime nor a stop."""
+    from actors.shells.service import app
+
+    monkeypatch.setattr(app, "WRITE_S", 0.3)
+    big = "x" * 200_000
+    s = serve(lambda request: reply(big), client_queue=100_000)
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.settimeout(WAIT)
+    stalled.connect(("127.0.0.1", s.service.port))
+    stalled.sendall(b"GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += stalled.recv(1)
+    hub = s.service.state.hub
+    assert hub.clients == 1
+    n = 0
+    deadline = time.monotonic() + WAIT
+    while hub.clients:  # turns go on until the stalled stream is cut
+        assert time.monotonic() < deadline, "the stalled client was never cut off"
+        assert s.client.post(f"/v1/sessions/w{n}/turns", json={"text": "go"}).status_code == 200
+        n += 1
+    received = bytearray()
+    while chunk := stalled.recv(1 << 20):  # what was buffered, then the end of the connection
+        received += chunk
+    stalled.close()
+    assert not received.endswith(b"\r\n0\r\n\r\n") and b"event: dropped" not in received

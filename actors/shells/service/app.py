@@ -25,8 +25,9 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from actors.aio import AsyncRuntime
+from actors.core.listen import is_loopback
 from actors.core.usage import total_usage
-from actors.shells.service.auth import BearerAuth
+from actors.shells.service.auth import BearerAuth, BrowserGuard
 from actors.shells.service.events import EventHub, Subscriber
 from actors.shells.service.openapi import openapi_document
 from actors.shells.service.settings import ServiceSettings
@@ -52,8 +53,9 @@ KEEPALIVE_S = 15.0
 """Seconds of silence after which an event stream sends a comment line (proxies keep it open,
 and a client that went away is noticed)."""
 
-DROPPED_WRITE_S = 5.0
-"""How long a dropped client gets to take its ``dropped`` frame before its connection is cut."""
+WRITE_S = 10.0
+"""How long one write to an event client may wait for it to take data (past the socket's
+buffers) before its stream is cut: a stalled client holds nothing up, not even a stop."""
 
 
 class TurnBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -348,12 +350,12 @@ class _EventStream(Response):
         try:
             while (frames := await client.next_frames(KEEPALIVE_S)) is not None:
                 chunk = b"".join(frames) if frames else b": keepalive\n\n"
-                if client.dropped:
-                    async with asyncio.timeout(DROPPED_WRITE_S):  # a stalled client is cut off
-                        await send({"type": "http.response.body", "body": chunk})
-                    return
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+                async with asyncio.timeout(WRITE_S):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async with asyncio.timeout(WRITE_S):
+                await send({"type": "http.response.body", "body": b""})
+        except TimeoutError:  # stalled: uvicorn closes the connection of an unfinished answer
+            client.close()
         finally:
             watcher.cancel()
             client.close()
@@ -469,7 +471,10 @@ def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
 
     app = Starlette(
         routes=api_routes() + page_routes(),
-        middleware=[Middleware(BearerAuth, token=settings.token)],
+        middleware=[
+            Middleware(BrowserGuard, loopback=is_loopback(settings.host)),
+            Middleware(BearerAuth, token=settings.token),
+        ],
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )

@@ -165,7 +165,17 @@ class EventHub:
         client = Subscriber(self, session, self.client_queue)
         if last_event_id is not None:
             oldest = self._buffer[0].number if self._buffer else self._next
-            if last_event_id + 1 < oldest:
+            if last_event_id >= self._next:  # an id of an earlier run of the service
+                replay.append(
+                    control_frame(
+                        "gap",
+                        after=last_event_id,
+                        first=self._next,
+                        detail=f"no event {last_event_id} was sent by this service: it has "
+                        "restarted and counts from 1 again",
+                    )
+                )
+            elif last_event_id + 1 < oldest:
                 replay.append(
                     control_frame(
                         "gap",
