@@ -608,3 +608,26 @@ def test_a_stalled_client_is_cut_off_after_the_write_deadline(serve, monkeypatch
         received += chunk
     stalled.close()
     assert not received.endswith(b"\r\n0\r\n\r\n") and b"event: dropped" not in received
+
+
+def test_head_of_events_is_the_head_only(serve) -> None:
+    s = serve()
+    response = s.client.head("/v1/events")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert s.service.state.hub.clients == 0
+
+
+def test_a_client_gone_before_its_body_is_read_logs_no_error(serve, caplog) -> None:
+    s = serve()
+    with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
+        raw.sendall(
+            b"POST /v1/sessions/half/turns HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b'Content-Length: 1000\r\n\r\n{"text": '
+        )
+    assert s.client.get("/healthz").status_code == 200
+    deadline = time.monotonic() + 0.3  # as Probe.expect_none: what must not come, briefly
+    while time.monotonic() < deadline:
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+        time.sleep(0.01)
+    assert s.client.get("/v1/sessions").json() == {"sessions": []}

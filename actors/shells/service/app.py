@@ -19,7 +19,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -377,6 +377,8 @@ async def get_events(request: Request) -> Response:
         if not (text.isascii() and text.isdigit() and len(text) <= 18):
             raise _Refused(400, f"Last-Event-ID must be an event id (a number): {text[:40]!r}")
         last = int(text)
+    if request.method == "HEAD":  # the head only: no client to feed
+        return Response(status_code=200, media_type="text/event-stream")
     return _EventStream(state.hub.open(session, last))
 
 
@@ -439,6 +441,8 @@ def _guarded(handler: Any) -> Any:
             response: Response = await handler(request)
         except _Refused as refused:
             return _error(refused.status, refused.text)
+        except ClientDisconnect:  # gone while sending its body: nobody reads an answer
+            return _error(400, "the client went away before its body was read")
         except StoreError as exc:
             return _error(503, f"the store could not be read: {exc}")
         return response

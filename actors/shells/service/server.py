@@ -46,7 +46,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(2048)  # as uvicorn: a burst of connects must not be dropped
     except OSError as exc:
         sock.close()
         raise OSError(
@@ -73,6 +73,9 @@ class Service:
             log_level="warning",
             access_log=False,  # request lines are not events; and never a header
             timeout_graceful_shutdown=int(GRACE_S),
+            # Longer than uvicorn's 5 s: a client reusing an idle connection then races its
+            # close less often (a lost race fails a POST, which a client does not resend).
+            timeout_keep_alive=30,
         )
         self._server = uvicorn.Server(config)
         self._loop: asyncio.AbstractEventLoop | None = None
