@@ -7,8 +7,10 @@
   const TOKEN_KEY = "loopd-token";
   const $ = (id) => document.getElementById(id);
 
+  const RECENT = 5000;
   let token = sessionStorage.getItem(TOKEN_KEY);
   let family = null;
+  let recent = []; // the latest events, so a family picked now is drawn from its start
   let lastEventId = null;
   let renderQueued = false;
   let sessionsQueued = false;
@@ -82,8 +84,9 @@
       tr.append(
         text("td", row.session), text("td", row.agent || ""), text("td", row.state),
         text("td", row.turns ?? ""), text("td", row.messages ?? ""),
-        text("td", (row.updated_at || "").replace("T", " ").replace(/\.\d+Z$/, "Z")),
+        text("td", (row.updated_at || "").replace(/^.*T/, "").replace(/\.\d+Z$/, "")),
       );
+      tr.lastChild.title = row.updated_at || "";
       tr.onclick = () => pick(familyRoot(row, rows));
       body.append(tr);
       if (depth < 8) for (const child of byParent.get(row.session) || []) add(child, depth + 1);
@@ -108,8 +111,10 @@
   /* Pick a family: seed its tree from the store, then the live events keep it current. */
   async function pick(rootId) {
     family = new Family(rootId);
+    for (const event of recent) family.apply(event);
     $("family-name").textContent = rootId;
     say("");
+    const picked = family;
     const seen = new Set();
     const load = async (id) => {
       if (seen.has(id) || seen.size > 500) return;
@@ -117,8 +122,8 @@
       const response = await api("/v1/sessions/" + encodeURIComponent(id));
       if (!response.ok) return;
       const shown = await response.json();
-      if (!family || family.root !== rootId) return;
-      family.seed(shown);
+      if (family !== picked) return;
+      picked.seed(shown);
       await Promise.all((shown.children || []).map(load));
     };
     await load(rootId);
@@ -227,8 +232,21 @@
     } catch (error) {
       return;
     }
+    recent.push(event);
+    if (recent.length > RECENT) recent = recent.slice(-RECENT / 2);
     if (event.type === "TurnStarted" || event.type === "TurnEnded") queueSessions();
-    if (family && family.apply(event)) queueRender();
+    if (family && family.apply(event)) {
+      queueRender();
+      if (event.type === "TurnEnded") reseed(family, event.session);
+    }
+  }
+
+  /* A node's stored facts (its agent, say), once its turn has ended and is stored. */
+  async function reseed(picked, session) {
+    const response = await api("/v1/sessions/" + encodeURIComponent(session));
+    if (!response.ok || family !== picked) return;
+    picked.seed(await response.json());
+    queueRender();
   }
 
   $("cancel").onclick = async () => {

@@ -76,6 +76,7 @@
       found = {
         id: id, parent: null, children: [], state: "stored", agent: "", slot: null,
         tokens: 0, started: null, ended: null, text: "", tool: null, reason: null, detail: "",
+        touched: false,
       };
       this.nodes.set(id, found);
     }
@@ -99,10 +100,11 @@
     const n = this.node(shown.session);
     n.agent = shown.agent || n.agent;
     n.slot = shown.slot === undefined ? n.slot : shown.slot;
-    // Live events know better than the store: only a node no event has touched takes it.
-    if (n.state === "stored" || shown.state === "running") n.state = shown.state || n.state;
+    // Live events know better than the store (whose answer may have been read before the
+    // latest event): only a node no event has touched takes the stored state.
+    if (!n.touched) n.state = shown.state || n.state;
     const usage = shown.usage || {};
-    n.tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+    if (!n.tokens) n.tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
     const last = (shown.transcript || []).filter((m) => m.role === "assistant" && m.content);
     if (last.length && !n.text) n.text = last[last.length - 1].content;
     for (const child of shown.children || []) this.adopt(shown.session, child);
@@ -113,6 +115,7 @@
   Family.prototype.apply = function (event) {
     if (!event || typeof event.session !== "string" || !this.has(event.session)) return false;
     const n = this.node(event.session);
+    n.touched = true;
     switch (event.type) {
       case "TurnStarted":
         n.state = "running";
@@ -145,12 +148,14 @@
         break;
       case "SubagentStarted": {
         const child = this.adopt(event.session, event.child);
+        child.touched = true;
         child.state = "running";
         child.started = child.started || event.at;
         break;
       }
       case "SubagentFinished": {
         const child = this.adopt(event.session, event.child);
+        child.touched = true;
         if (child.state === "running") child.state = endState(event.completed, event.reason);
         break;
       }
