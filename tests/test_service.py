@@ -637,3 +637,21 @@ def test_a_client_gone_before_its_body_is_read_logs_no_error(serve, caplog) -> N
         assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
         time.sleep(0.01)
     assert s.client.get("/v1/sessions").json() == {"sessions": []}
+
+
+def test_loopd_serve_refuses_a_token_env_that_is_unset_or_empty(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "loopd.toml"
+    config.write_text(f'home = "{home}"\n[serve]\nlisten = "127.0.0.1:0"\ntoken_env = "LOOPD_T"\n')
+    for value in (None, ""):
+        if value is None:
+            monkeypatch.delenv("LOOPD_T", raising=False)
+        else:
+            monkeypatch.setenv("LOOPD_T", value)
+        assert main(["serve", "--config", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert "serve.token_env names LOOPD_T, which is unset or empty" in err
+        assert "docs/runbook.md#serve-token-unset" in err
+        assert not home.exists()

@@ -20,6 +20,7 @@ from actors.testing.chat_server import Delayed
 from messages import FailReason, TurnFailed, TurnOutcome
 
 TIMEOUT_S = 30.0
+TOKEN = "serve-test-token-31c9"
 
 
 class Lines:
@@ -54,12 +55,15 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(tmp_path: Path) ->
     # The model answers only after the test is over: both turns are cut off by the stop.
     with ChatServer(lambda body: Delayed(reply("late"), 60)) as server:
         config = tmp_path / "loopd.toml"
-        config.write_text(f'home = "{home}"\n[model]\nbase_url = "{server.base_url}"\n')
+        config.write_text(
+            f'home = "{home}"\n[model]\nbase_url = "{server.base_url}"\n'
+            '[serve]\nlisten = "127.0.0.1:9"\ntoken_env = "LOOPD_TEST_TOKEN"\n'
+        )
         args = ["serve", "--config", str(config), "--listen", "127.0.0.1:0"]
         daemon = subprocess.Popen(
             [sys.executable, "-m", "actors.shells.cli", *args],
             cwd=tmp_path,
-            env=dict(os.environ, HOME=str(tmp_path)),
+            env=dict(os.environ, HOME=str(tmp_path), LOOPD_TEST_TOKEN=TOKEN),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -67,7 +71,10 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(tmp_path: Path) ->
         try:
             err = Lines(daemon.stderr)
             url = err.until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
-            client = httpx.Client(base_url=url, timeout=TIMEOUT_S)
+            assert not url.endswith(":9")  # --listen wins over [serve] listen
+            assert httpx.get(url + "/v1/sessions").status_code == 401  # the token is needed
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            client = httpx.Client(base_url=url, timeout=TIMEOUT_S, headers=auth)
             started: set[str] = set()
             both_started = threading.Event()
             stream_ended = threading.Event()
@@ -108,6 +115,7 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(tmp_path: Path) ->
                 daemon.wait(TIMEOUT_S)
     assert daemon.returncode == 0, rest
     assert "Traceback" not in rest and "ERROR" not in rest and "ASGI" not in rest
+    assert TOKEN not in rest  # never in what the process says
     assert stream_ended.is_set()
     for session in "ab":
         assert answers[session].status_code == 200
