@@ -1,11 +1,13 @@
-"""``loopd serve --listen``: the service in a real daemon process, stopped by a real SIGTERM
-while turns and an event stream are in flight."""
+"""Starting and stopping the service: the refusals at start (an open address without a token,
+an unset token, a taken port), and ``loopd serve --listen`` as a real daemon process stopped by a
+real SIGTERM while turns and an event stream are in flight."""
 
 from __future__ import annotations
 
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +16,12 @@ from pathlib import Path
 
 import httpx
 import msgspec
+import pytest
 
+from actors import Config
+from actors.core.config import ConfigError, ServeConfig
+from actors.shells.cli import main
+from actors.shells.service.settings import service_settings
 from actors.testing import ChatServer, reply
 from actors.testing.chat_server import Delayed
 from messages import FailReason, TurnFailed, TurnOutcome
@@ -121,3 +128,66 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(tmp_path: Path) ->
         assert answers[session].status_code == 200
         outcome = msgspec.json.decode(answers[session].content, type=TurnOutcome)
         assert isinstance(outcome, TurnFailed) and outcome.reason is FailReason.CANCELLED
+
+
+def test_a_non_loopback_address_without_a_token_and_an_unset_token_are_refused(
+    tmp_path: Path,
+) -> None:
+    config = Config(home=str(tmp_path / "home"))
+    with pytest.raises(ConfigError, match=r"refusing to serve on 0\.0\.0\.0:8321 without a token"):
+        service_settings(config, "0.0.0.0:8321", environ={})
+    with pytest.raises(ConfigError, match="not a loopback"):
+        service_settings(config, "example.org:80", environ={})
+    with_token = config.replace(serve=ServeConfig(token_env="LOOPD_TEST_TOKEN"))
+    with pytest.raises(ConfigError, match="names LOOPD_TEST_TOKEN, which is unset or empty"):
+        service_settings(with_token, "127.0.0.1:0", environ={"LOOPD_TEST_TOKEN": ""})
+    settings = service_settings(with_token, "0.0.0.0:0", environ={"LOOPD_TEST_TOKEN": "tok-9f3"})
+    assert settings is not None and settings.token == "tok-9f3" and "tok-9f3" not in repr(settings)
+    assert service_settings(config, "[::1]:0", environ={}) is not None
+    assert service_settings(config, None, environ={}) is None  # no address: no service
+    flag_wins = config.replace(serve=ServeConfig(listen="0.0.0.0:1"))
+    assert service_settings(flag_wins, "127.0.0.1:2", environ={}).port == 2
+
+
+def test_loopd_serve_refuses_an_open_address_without_a_token_before_it_starts(
+    tmp_path: Path, capsys
+) -> None:
+    home = tmp_path / "home"
+    code = main(["serve", "--home", str(home), "--listen", "0.0.0.0:8321"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "refusing to serve on 0.0.0.0:8321 without a token" in err
+    assert "docs/runbook.md#serve-open-address" in err
+    assert not home.exists()  # refused before anything was made
+    assert main(["serve", "--home", str(home), "--listen", "nohost"]) == 2
+    assert "--listen must be HOST:PORT" in capsys.readouterr().err
+
+
+def test_loopd_serve_refuses_a_token_env_that_is_unset_or_empty(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    home = tmp_path / "home"
+    config = tmp_path / "loopd.toml"
+    config.write_text(f'home = "{home}"\n[serve]\nlisten = "127.0.0.1:0"\ntoken_env = "LOOPD_T"\n')
+    for value in (None, ""):
+        if value is None:
+            monkeypatch.delenv("LOOPD_T", raising=False)
+        else:
+            monkeypatch.setenv("LOOPD_T", value)
+        assert main(["serve", "--config", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert "serve.token_env names LOOPD_T, which is unset or empty" in err
+        assert "docs/runbook.md#serve-token-unset" in err
+        assert not home.exists()
+
+
+def test_loopd_serve_on_a_taken_port_exits_2_naming_it(tmp_path: Path, capsys) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--home", str(tmp_path / "home"), "--listen", f"127.0.0.1:{port}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"loopd: cannot listen on 127.0.0.1:{port}: Address already in use" in err
+    assert "docs/runbook.md#serve-cannot-listen" in err and "Traceback" not in err
