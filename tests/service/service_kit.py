@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,10 +110,11 @@ def ended(session: str) -> Callable[[dict[str, str]], bool]:
 
 def serve_fixture(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     """``serve(script, **settings)``: a runtime on ``script`` served on a free port."""
+    homes = itertools.count()
     with contextlib.ExitStack() as stack:
 
         def start(script: Any = demo_script, *, token: str | None = None, **options: Any) -> Served:
-            config = Config(home=str(tmp_path / f"home{len(stack._exit_callbacks)}"))
+            config = Config(home=str(tmp_path / f"home{next(homes)}"))
             rt = stack.enter_context(Runtime.start(config, model=ScriptedModel(script)))
             settings = ServiceSettings("127.0.0.1", 0, token, **options)
             service = stack.enter_context(Service.start(rt, settings))
