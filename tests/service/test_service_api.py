@@ -22,6 +22,8 @@ from messages import (
     FailReason,
     ModelRequest,
     TurnCompleted,
+    TurnEnded,
+    TurnEvent,
     TurnFailed,
 )
 
@@ -85,6 +87,48 @@ def test_a_client_that_goes_away_mid_turn_leaves_the_turn_running_to_its_end(ser
     assert ended.wait(WAIT)
     shown = s.client.get("/v1/sessions/gone").json()
     assert shown["turns"] == 1 and shown["transcript"][-1]["content"] == "stored anyway"
+
+
+def test_a_client_that_asked_cancel_on_disconnect_cancels_its_family_by_going_away(
+    serve,
+) -> None:
+    asked = threading.Event()
+    release = threading.Event()
+
+    def script(request: ModelRequest):
+        if request.session == "boss":
+            return call("subagent", task="dig")
+        asked.set()
+        release.wait(WAIT)
+        return reply("too late")
+
+    s = serve(script)
+    ends: list[TurnEnded] = []
+    both = threading.Event()
+
+    def see(event: TurnEvent) -> None:
+        if isinstance(event, TurnEnded):
+            ends.append(event)
+            if {e.session for e in ends} == {"boss", "sub-boss-1"}:
+                both.set()
+
+    s.rt.subscribe(see)
+    body = b'{"text": "hi", "cancel_on_disconnect": true}'
+    try:
+        with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
+            raw.sendall(
+                b"POST /v1/sessions/boss/turns HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            assert asked.wait(WAIT)
+        assert both.wait(WAIT)  # gone: the turn and its child were cancelled
+    finally:
+        release.set()
+    assert {e.session: e.reason for e in ends} == {
+        "boss": FailReason.CANCELLED,
+        "sub-boss-1": FailReason.CANCELLED,
+    }
+    assert s.client.post("/v1/sessions/boss/cancel").json() == {"cancelled": []}
 
 
 def test_a_client_gone_before_its_body_is_read_logs_no_error(serve, caplog) -> None:

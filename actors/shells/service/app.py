@@ -65,6 +65,9 @@ class TurnBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     speaker: str | None = None
     agent: str | None = None
     wait: bool = True
+    cancel_on_disconnect: bool = False
+    """With ``wait``: a client that goes away before the answer cancels the turn (and its
+    children); without, the turn goes on and is stored."""
 
 
 class _Refused(Exception):
@@ -215,14 +218,39 @@ async def post_turn(request: Request) -> Response:
     state.waiting[future] = session
     try:
         _send(state, session, body, address)
-        # A client that goes away does not cancel the turn: it goes on, and is stored.
-        outcome = await future
+        if body.cancel_on_disconnect:
+            outcome = await _unless_gone(request, state, session, future)
+        else:  # a client that goes away does not cancel the turn: it goes on, and is stored
+            outcome = await future
     finally:
         state.waiting.pop(future, None)
         runtime.directory.unregister(address, mailbox)
     if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
         raise _Refused(400, outcome.detail)  # what Runtime.run_turn raises as ValueError
     return Response(msgspec.json.encode(outcome), 200, media_type="application/json")
+
+
+async def _unless_gone(
+    request: Request, state: ServiceState, session: str, future: asyncio.Future[TurnOutcome]
+) -> TurnOutcome:
+    """The turn's outcome; if the client goes away first, the turn is cancelled (its outcome,
+    ``CANCELLED``, is then what nobody reads)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(gone())
+    either: set[asyncio.Future[Any]] = {future, watcher}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not future.done():
+        with contextlib.suppress(RuntimeError):  # the runtime stopped meanwhile
+            await state.runtime.cancel(session)
+        return await future
+    return future.result()
 
 
 def _send(state: ServiceState, session: str, body: TurnBody, reply_to: str | None) -> None:

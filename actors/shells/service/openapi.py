@@ -91,6 +91,12 @@ def openapi_document() -> dict[str, Any]:
                                             "description": "The agent profile of a new session.",
                                         },
                                         "wait": {"type": "boolean", "default": True},
+                                        "cancel_on_disconnect": {
+                                            "type": "boolean",
+                                            "default": False,
+                                            "description": "With wait: a client that goes "
+                                            "away before the answer cancels the turn.",
+                                        },
                                     },
                                 }
                             }
