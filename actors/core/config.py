@@ -46,6 +46,7 @@ from actors.core.config_tables import (
     MemoryConfig,
     PortConfig,
     RuntimeConfig,
+    ServeConfig,
     SessionsConfig,
     StoreConfig,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "ModelConfig",
     "PortConfig",
     "RuntimeConfig",
+    "ServeConfig",
     "SessionsConfig",
     "SlotPool",
     "SlotsConfig",
@@ -103,6 +105,7 @@ class Config(Section, frozen=True):
     """``[heartbeat]``, if any."""
     store: StoreConfig = field(default_factory=StoreConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     """``[agents.NAME]`` profiles, by name."""
 

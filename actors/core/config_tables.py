@@ -7,7 +7,8 @@ from typing import Annotated, ClassVar
 
 from msgspec import Meta
 
-from actors.core.config_base import ConfigError, Section, check_path_text
+from actors.core.config_base import ENV_NAME, ConfigError, Section, check_path_text
+from actors.core.listen import parse_listen
 from actors.core.text import redact
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "MemoryConfig",
     "PortConfig",
     "RuntimeConfig",
+    "ServeConfig",
     "SessionsConfig",
     "StoreConfig",
 ]
@@ -159,3 +161,26 @@ class ClusterConfig(Section, frozen=True):
         super().__post_init__()
         if self.engine not in ("none", "ray"):
             raise ConfigError(f"cluster.engine must be 'none' or 'ray', not {self.engine!r}")
+
+
+class ServeConfig(Section, frozen=True):
+    """``[serve]``: the HTTP service of ``loopd serve --listen`` (see docs/guide.md)."""
+
+    _key: ClassVar[str] = "serve"
+
+    listen: str | None = None
+    """``HOST:PORT`` to serve on (``--listen`` wins); none: no HTTP service."""
+    token_env: str | None = None
+    """The environment variable holding the bearer token every request must send."""
+    replay_events: Annotated[int, Meta(ge=0, le=1_000_000)] = 1000
+    """How many recent events a reconnecting ``/v1/events`` client can replay."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.listen is not None:
+            try:
+                parse_listen(self.listen)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.token_env is not None and ENV_NAME.fullmatch(self.token_env) is None:
+            raise ConfigError(f"serve.token_env is not a variable name: {self.token_env!r}")

@@ -201,7 +201,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _config(args)
     tools = load_tools(args.tools)
-    return serve(config, json_lines=args.json, tools=tools, restore_signals=False)
+    return serve(
+        config, json_lines=args.json, tools=tools, restore_signals=False, listen=args.listen
+    )
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -340,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")
     common(serve, endpoint=True)
     serve.add_argument("--json", action="store_true", help="each event as one JSON line")
+    serve.add_argument(
+        "--listen", metavar="HOST:PORT", help="also serve the runtime over HTTP (see [serve])"
+    )
     _tools_flag(serve)
     serve.set_defaults(fn=cmd_serve)
 

@@ -20,6 +20,7 @@ import msgspec
 from actors.core.config import Config
 from actors.runtime import Runtime
 from actors.shells.render import EventPrinter, render_event
+from actors.shells.service.settings import service_settings, start_service
 from actors.tools.tool import PortTool
 from messages import TurnEvent
 
@@ -81,9 +82,13 @@ def serve(
     stop: threading.Event | None = None,
     out: TextIO | None = None,
     restore_signals: bool = True,
+    listen: str | None = None,
 ) -> int:
     """Run ``config``'s runtime (with its ``[[cron]]`` jobs and ``[heartbeat]``) until ``stop``
     is set, or one of :data:`STOP_SIGNALS` arrives when called on the main thread. Returns 0.
+
+    With ``listen`` (or ``[serve] listen``) it also serves the runtime over HTTP
+    (actors.shells.service); a bad address or token setting is refused before anything starts.
 
     A stop signal while it stops only sets ``stop`` again. At the end the previous handlers are
     put back; with ``restore_signals=False`` (``loopd serve``, whose process ends next) the stop
@@ -91,6 +96,8 @@ def serve(
     the default action after the clean stop (Python puts the default back as it finalises a
     handler of its own, so keeping ours would not do).
     """
+    settings = service_settings(config, listen)
+    service: Any = None
     stop = stop or threading.Event()
     writer = _LineWriter(out or sys.stdout)
     previous: dict[signal.Signals, Any] = {}
@@ -105,6 +112,9 @@ def serve(
                 rt.subscribe(lambda event: writer.write(event_line(event, True)))
             else:
                 rt.subscribe(writer.printer())
+            if settings is not None:
+                service = start_service(rt, settings)
+                print(f"loopd serve: listening on {service.url}", file=sys.stderr, flush=True)
             jobs = len(config.cron) + (1 if config.heartbeat else 0)
             print(
                 f"loopd serve: running on {config.home} with {jobs} scheduled job(s); "
@@ -113,9 +123,15 @@ def serve(
                 flush=True,
             )
             stop.wait()
+            if service is not None:  # no new requests; the runtime's stop answers the turns
+                service.stop_accepting()
             print("loopd serve: stopping", file=sys.stderr, flush=True)
+        if service is not None:  # the runtime has stopped: what is still in flight is answered
+            service.close()
         print("loopd serve: stopped", file=sys.stderr, flush=True)
     finally:
+        if service is not None:
+            service.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler if restore_signals else signal.SIG_IGN)
     return 0

@@ -1,0 +1,514 @@
+"""The service's HTTP API: a Starlette app over a running :class:`~actors.aio.AsyncRuntime`.
+
+JSON in and out. Outcomes and events are the ``messages`` Structs' own JSON; an error is
+``{"error": text}`` with the text the Python API would raise (400 for a bad id, text or body,
+404 for an unknown session, 413 for a body over the cap, 503 while the service stops). Nothing
+here blocks the loop: the few calls that wait for an actor or read the store run in a worker
+thread, and a turn's outcome comes back through a mailbox that resolves a future on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from actors.aio import AsyncRuntime
+from actors.core.listen import is_loopback
+from actors.core.usage import total_usage
+from actors.shells.service.auth import BearerAuth, BrowserGuard
+from actors.shells.service.events import EventHub, Subscriber
+from actors.shells.service.openapi import openapi_document
+from actors.shells.service.settings import ServiceSettings
+from actors.shells.views import turn_usage
+from actors.stores.base import SessionNotFound, StoreBackend, StoreError
+from actors.stores.open import open_store
+from actors.stores.reader import StoreReader
+from actors.stores.sqlite import DB_NAME
+from messages import (
+    ContextStatus,
+    FailReason,
+    Inspect,
+    TurnFailed,
+    TurnOutcome,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
+
+__all__ = ["KEEPALIVE_S", "ServiceState", "TurnBody", "create_app"]
+
+KEEPALIVE_S = 15.0
+"""Seconds of silence after which an event stream sends a comment line (proxies keep it open,
+and a client that went away is noticed)."""
+
+WRITE_S = 10.0
+"""How long one write to an event client may wait for it to take data (past the socket's
+buffers) before its stream is cut: a stalled client holds nothing up, not even a stop."""
+
+
+class TurnBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/sessions/{id}/turns``."""
+
+    text: str
+    speaker: str | None = None
+    agent: str | None = None
+    wait: bool = True
+    cancel_on_disconnect: bool = False
+    """With ``wait``: a client that goes away before the answer cancels the turn (and its
+    children); without, the turn goes on and is stored."""
+
+
+class _Refused(Exception):
+    """An answer other than 200: ``status`` and the error's text."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(value), status, media_type="application/json")
+
+
+def _error(status: int, text: str) -> Response:
+    return _json({"error": text}, status)
+
+
+class _FutureMailbox:
+    """A directory mailbox that resolves ``future`` on its loop with the first message."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
+        self._loop = loop
+        self._future = future
+
+    def tell(self, message: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self._loop.call_soon_threadsafe(self._resolve, message)
+
+    def _resolve(self, message: Any) -> None:
+        if not self._future.done():
+            self._future.set_result(message)
+
+
+class ServiceState:
+    """What the app's handlers share: the runtime, the settings, the event hub, and the turns
+    waited on (answered ``CANCELLED`` by :meth:`finish` if the runtime never answers them)."""
+
+    def __init__(self, runtime: AsyncRuntime, settings: ServiceSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.hub = EventHub(settings.replay_events, settings.client_queue)
+        self.waiting: dict[asyncio.Future[Any], str] = {}
+        self.stopping = False
+
+    def finish(self) -> None:
+        """On the loop, when the runtime has stopped: every event stream ends, and a turn the
+        runtime left unanswered is answered ``TurnFailed(CANCELLED)``."""
+        self.stopping = True
+        self.hub.close()
+        for future, session in list(self.waiting.items()):
+            if not future.done():
+                future.set_result(
+                    TurnFailed(
+                        session, FailReason.CANCELLED, "the service stopped before the turn ended"
+                    )
+                )
+
+    def store(self) -> StoreBackend:
+        """A store to read from (in a worker thread): read-only for SQLite."""
+        config = self.runtime.runtime.config
+        if config.store.url is not None:
+            return open_store(config)
+        return StoreReader(config.home_path / DB_NAME)
+
+    def status(self) -> ContextStatus | None:
+        """The Context's held and live ids (in a worker thread); None once it has stopped."""
+        try:
+            answer: ContextStatus = self.runtime.context.ask(Inspect(), block=True, timeout=5)
+        except Exception:  # stopped or stopping: no session is running any more
+            return None
+        return answer
+
+
+async def _body(request: Request, cap: int) -> bytes:
+    """The request body, at most ``cap`` bytes (413 past that, before reading it all)."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not (length.isascii() and length.isdigit()):
+            raise _Refused(400, f"the Content-Length header is not a number: {length[:40]!r}")
+        if int(length) > cap:
+            raise _Refused(413, f"the body is over the cap of {cap} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise _Refused(413, f"the body is over the cap of {cap} bytes")
+    return bytes(data)
+
+
+def _json_object(data: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
+    if empty_ok and not data.strip():
+        return {}
+    try:
+        value = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _Refused(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise _Refused(400, f"the body must be a JSON object, not {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _session(request: Request, *, top_level: bool = False) -> str:
+    raw = request.path_params["id"]
+    try:
+        return check_top_level_session(raw) if top_level else check_session_id(raw)
+    except ValueError as exc:
+        raise _Refused(400, str(exc)) from None
+
+
+def _state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.service
+    return state
+
+
+async def post_turn(request: Request) -> Response:
+    """``POST /v1/sessions/{id}/turns``: run (or start) a turn."""
+    state = _state(request)
+    data = await _body(request, state.settings.max_body_bytes)
+    session = _session(request, top_level=True)
+    try:
+        body = msgspec.convert(_json_object(data), TurnBody)
+    except msgspec.ValidationError as exc:
+        raise _Refused(400, f"the body: {exc}") from None
+    try:
+        check_text(body.text, "the turn text")
+        check_text(body.speaker, "the speaker", optional=True)
+        check_text(body.agent, "the agent", optional=True)
+    except (TypeError, ValueError) as exc:
+        raise _Refused(400, str(exc)) from None
+    if state.stopping:
+        raise _Refused(503, "the service is stopping: no new turns")
+    runtime = state.runtime.runtime
+    if not body.wait:
+        _send(state, session, body, None)
+        return _json({"session": session}, 202)
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[TurnOutcome] = loop.create_future()
+    mailbox = _FutureMailbox(loop, future)
+    address = runtime.directory.unique("http")
+    runtime.directory.register(address, mailbox)
+    state.waiting[future] = session
+    try:
+        _send(state, session, body, address)
+        if body.cancel_on_disconnect:
+            outcome = await _unless_gone(request, state, session, future)
+        else:  # a client that goes away does not cancel the turn: it goes on, and is stored
+            outcome = await future
+    finally:
+        state.waiting.pop(future, None)
+        runtime.directory.unregister(address, mailbox)
+    if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+        raise _Refused(400, outcome.detail)  # what Runtime.run_turn raises as ValueError
+    return Response(msgspec.json.encode(outcome), 200, media_type="application/json")
+
+
+async def _unless_gone(
+    request: Request, state: ServiceState, session: str, future: asyncio.Future[TurnOutcome]
+) -> TurnOutcome:
+    """The turn's outcome; if the client goes away first, the turn is cancelled (its outcome,
+    ``CANCELLED``, is then what nobody reads)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(gone())
+    either: set[asyncio.Future[Any]] = {future, watcher}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not future.done():
+        with contextlib.suppress(RuntimeError):  # the runtime stopped meanwhile
+            await state.runtime.cancel(session)
+        return await future
+    return future.result()
+
+
+def _send(state: ServiceState, session: str, body: TurnBody, reply_to: str | None) -> None:
+    try:
+        state.runtime.runtime.send_turn(
+            session, body.text, speaker=body.speaker, reply_to=reply_to, agent=body.agent
+        )
+    except (TypeError, ValueError) as exc:
+        raise _Refused(400, str(exc)) from None
+    except RuntimeError as exc:  # the runtime stopped under the request
+        raise _Refused(503, f"the service is stopping: {exc}") from None
+
+
+async def post_cancel(request: Request) -> Response:
+    """``POST /v1/sessions/{id}/cancel``: cancel the session's turn and its descendants'."""
+    state = _state(request)
+    _json_object(await _body(request, state.settings.max_body_bytes), empty_ok=True)
+    session = _session(request)
+    try:
+        cancelled = await state.runtime.cancel(session)
+    except RuntimeError as exc:
+        raise _Refused(503, f"the service is stopping: {exc}") from None
+    return _json({"cancelled": list(cancelled)})
+
+
+def _row_state(status: ContextStatus | None, session: str) -> str:
+    if status is not None and session in status.held:
+        return "running"
+    if status is not None and session in status.live:
+        return "idle"
+    return "stored"
+
+
+def _list_sessions(state: ServiceState) -> dict[str, Any]:
+    status = state.status()
+    store = state.store()
+    try:
+        infos = store.list_sessions()
+    finally:
+        store.close()
+    rows = [
+        {
+            "session": i.id,
+            "agent": i.agent,
+            "parent": i.parent,
+            "state": _row_state(status, i.id),
+            "slot": i.slot,
+            "turns": i.turns,
+            "untrusted": i.untrusted,
+            "messages": i.messages,
+            "created_at": i.created_at,
+            "updated_at": i.updated_at,
+        }
+        for i in infos
+    ]
+    stored = {i.id for i in infos}
+    if status is not None:  # a session being opened is held before the store has it
+        for session in sorted((set(status.held) | set(status.live)) - stored):
+            rows.append({"session": session, "state": _row_state(status, session)})
+    return {"sessions": rows}
+
+
+async def get_sessions(request: Request) -> Response:
+    """``GET /v1/sessions``: every stored session, and each one's state."""
+    return _json(await asyncio.to_thread(_list_sessions, _state(request)))
+
+
+def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
+    status = state.status()
+    store = state.store()
+    try:
+        record = store.open(session)
+        children = store.children(session)
+        turns = turn_usage(store, session)
+    finally:
+        store.close()
+    return {
+        "session": record.id,
+        "agent": record.agent,
+        "parent": record.parent,
+        "state": _row_state(status, session),
+        "slot": record.slot,
+        "turns": record.turns,
+        "untrusted": record.untrusted,
+        "next_call_id": record.next_call_id,
+        "children": children,
+        "usage": total_usage(own for own, _ in turns),
+        "usage_with_children": total_usage(every for _, every in turns),
+        "transcript": record.transcript,
+    }
+
+
+async def get_session(request: Request) -> Response:
+    """``GET /v1/sessions/{id}``: one stored session, its children and its transcript."""
+    session = _session(request)
+    try:
+        shown = await asyncio.to_thread(_show_session, _state(request), session)
+    except SessionNotFound as exc:
+        raise _Refused(404, str(exc)) from None
+    return _json(shown)
+
+
+class _EventStream(Response):
+    """``text/event-stream`` of one :class:`Subscriber`'s frames until it ends."""
+
+    def __init__(self, client: Subscriber) -> None:
+        super().__init__(media_type="text/event-stream")
+        self.client = client
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        client = self.client
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+            (b"x-accel-buffering", b"no"),  # a proxy must not hold the stream back
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            client.close()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            while (frames := await client.next_frames(KEEPALIVE_S)) is not None:
+                chunk = b"".join(frames) if frames else b": keepalive\n\n"
+                async with asyncio.timeout(WRITE_S):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async with asyncio.timeout(WRITE_S):
+                await send({"type": "http.response.body", "body": b""})
+        except TimeoutError:  # stalled: uvicorn closes the connection of an unfinished answer
+            client.close()
+        finally:
+            watcher.cancel()
+            client.close()
+
+
+async def get_events(request: Request) -> Response:
+    """``GET /v1/events[?session=ID]``: turn events as server-sent events."""
+    state = _state(request)
+    session = request.query_params.get("session")
+    if session is not None:
+        try:
+            check_session_id(session)
+        except ValueError as exc:
+            raise _Refused(400, str(exc)) from None
+    last: int | None = None
+    header = request.headers.get("last-event-id")
+    if header is not None and header.strip():
+        text = header.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            raise _Refused(400, f"Last-Event-ID must be an event id (a number): {text[:40]!r}")
+        last = int(text)
+    if request.method == "HEAD":  # the head only: no client to feed
+        return Response(status_code=200, media_type="text/event-stream")
+    return _EventStream(state.hub.open(session, last))
+
+
+async def get_health(request: Request) -> Response:
+    """``GET /healthz``: 200 while the service runs, 503 once it stops."""
+    if _state(request).stopping:
+        return _json({"status": "stopping"}, 503)
+    return _json({"status": "ok"})
+
+
+async def get_openapi(request: Request) -> Response:
+    """``GET /v1/openapi.json``: the API's OpenAPI document."""
+    return _json(openapi_document())
+
+
+def api_routes() -> list[BaseRoute]:
+    """The routes of the API (the ones ``/v1/openapi.json`` describes)."""
+    return [
+        Route("/v1/sessions/{id}/turns", _guarded(post_turn), methods=["POST"]),
+        Route("/v1/sessions/{id}/cancel", _guarded(post_cancel), methods=["POST"]),
+        Route("/v1/sessions", _guarded(get_sessions), methods=["GET"]),
+        Route("/v1/sessions/{id}", _guarded(get_session), methods=["GET"]),
+        Route("/v1/events", _guarded(get_events), methods=["GET"]),
+        Route("/v1/openapi.json", get_openapi, methods=["GET"]),
+        Route("/healthz", get_health, methods=["GET"]),
+    ]
+
+
+STATIC = Path(__file__).resolve().parent / "static"
+"""The page's files (package data): index.html, app.js, tree.js, app.css."""
+
+_PAGE_HEADERS = {
+    # Only the page's own files run: no inline script, nothing from elsewhere.
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+async def get_page(request: Request) -> Response:
+    """``GET /``: the page (no token needed; it asks for one when the API answers 401)."""
+    page = (STATIC / "index.html").read_bytes()
+    return Response(page, 200, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+
+
+def page_routes() -> list[BaseRoute]:
+    """The page and its static files (outside the API and its document)."""
+    return [
+        Route("/", get_page, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+
+
+def _guarded(handler: Any) -> Any:
+    """``handler`` with its refusals answered as JSON errors (a store that fails is 503)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            response: Response = await handler(request)
+        except _Refused as refused:
+            return _error(refused.status, refused.text)
+        except ClientDisconnect:  # gone while sending its body: nobody reads an answer
+            return _error(400, "the client went away before its body was read")
+        except StoreError as exc:
+            return _error(503, f"the store could not be read: {exc}")
+        return response
+
+    guarded.__name__ = handler.__name__
+    guarded.__doc__ = handler.__doc__
+    return guarded
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, exc.detail)
+
+
+def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
+    """The service's app over ``runtime`` (already started; the app never stops it).
+
+    The app's ``state.service`` is its :class:`ServiceState`; call its ``finish()`` on the
+    app's loop once the runtime has stopped.
+    """
+    state = ServiceState(runtime, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.hub.attach(runtime.runtime.subscribe)
+        try:
+            yield
+        finally:
+            state.finish()
+
+    app = Starlette(
+        routes=api_routes() + page_routes(),
+        middleware=[
+            Middleware(BrowserGuard, loopback=is_loopback(settings.host)),
+            Middleware(BearerAuth, token=settings.token),
+        ],
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.service = state
+    return app

@@ -1,0 +1,233 @@
+"""The OpenAPI 3.1 document of the service's API (``GET /v1/openapi.json``).
+
+Written by hand to say what each endpoint does; a test checks that its paths and methods are
+exactly the app's ``/v1`` routes and ``/healthz``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["openapi_document"]
+
+_ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}},
+    "required": ["error"],
+}
+
+
+def _err(text: str) -> dict[str, Any]:
+    return {
+        "description": text,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _ok(text: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": text, "content": {"application/json": {"schema": schema}}}
+
+
+_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "description": "A session id: 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', "
+    "first a letter or digit.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"},
+}
+
+_AUTH = {"401": _err("The token is missing or wrong (only when the service has one).")}
+
+_OUTCOME = {
+    "type": "object",
+    "description": "A TurnCompleted or TurnFailed message (its `type` field says which).",
+    "properties": {
+        "type": {"enum": ["TurnCompleted", "TurnFailed"]},
+        "session": {"type": "string"},
+        "content": {"type": "string"},
+        "truncated": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "detail": {"type": "string"},
+        "usage": {"type": "object"},
+    },
+    "required": ["type", "session"],
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document, as a JSON-ready dict."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "loopd",
+            "version": "1",
+            "description": "A running loopd runtime over HTTP: turns, cancels, stored sessions "
+            'and live turn events. Errors are {"error": text}.',
+        },
+        "components": {
+            "schemas": {"Error": _ERROR, "TurnOutcome": _OUTCOME},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/sessions/{id}/turns": {
+                "post": {
+                    "summary": "Run a turn of a top-level session (a new one is created).",
+                    "parameters": [_ID],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["text"],
+                                    "properties": {
+                                        "text": {"type": "string"},
+                                        "speaker": {"type": ["string", "null"]},
+                                        "agent": {
+                                            "type": ["string", "null"],
+                                            "description": "The agent profile of a new session.",
+                                        },
+                                        "wait": {"type": "boolean", "default": True},
+                                        "cancel_on_disconnect": {
+                                            "type": "boolean",
+                                            "default": False,
+                                            "description": "With wait: a client that goes "
+                                            "away before the answer cancels the turn.",
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _ok(
+                            "With wait: how the turn ended (a turn cut off by a stop is its "
+                            "TurnFailed).",
+                            {"$ref": "#/components/schemas/TurnOutcome"},
+                        ),
+                        "202": _ok(
+                            "Without wait: the turn was started.",
+                            {"type": "object", "properties": {"session": {"type": "string"}}},
+                        ),
+                        "400": _err("A bad id (a child's sub- id included), text, agent or body."),
+                        **_AUTH,
+                        "413": _err("The body is over the cap (1 MiB)."),
+                        "503": _err("The service is stopping."),
+                    },
+                }
+            },
+            "/v1/sessions/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel the session's running turn and its descendants'.",
+                    "parameters": [_ID],
+                    "responses": {
+                        "200": _ok(
+                            "The ids that were cancelled (empty if nothing ran).",
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "cancelled": {"type": "array", "items": {"type": "string"}}
+                                },
+                            },
+                        ),
+                        "400": _err("A bad id or body."),
+                        **_AUTH,
+                        "413": _err("The body is over the cap."),
+                        "503": _err("The service is stopping."),
+                    },
+                }
+            },
+            "/v1/sessions": {
+                "get": {
+                    "summary": "Every stored session, with its state (running, idle, stored).",
+                    "responses": {
+                        "200": _ok(
+                            "The sessions.",
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "sessions": {"type": "array", "items": {"type": "object"}}
+                                },
+                            },
+                        ),
+                        **_AUTH,
+                    },
+                }
+            },
+            "/v1/sessions/{id}": {
+                "get": {
+                    "summary": "One stored session: agent, state, usage, children, transcript.",
+                    "parameters": [_ID],
+                    "responses": {
+                        "200": _ok(
+                            "The session.",
+                            {
+                                "type": "object",
+                                "required": [
+                                    "session",
+                                    "agent",
+                                    "transcript",
+                                    "usage",
+                                    "children",
+                                ],
+                            },
+                        ),
+                        "400": _err("A bad id."),
+                        **_AUTH,
+                        "404": _err("No such session is stored."),
+                    },
+                }
+            },
+            "/v1/events": {
+                "get": {
+                    "summary": "Turn events as server-sent events: `id:` an increasing "
+                    "number, `event:` the event's type, `data:` its JSON. A client that falls "
+                    "behind gets a `dropped` event and the stream ends; `Last-Event-ID` "
+                    "replays from the buffer of recent events (a `gap` event if it no longer "
+                    "reaches back that far).",
+                    "parameters": [
+                        {
+                            "name": "session",
+                            "in": "query",
+                            "required": False,
+                            "description": "Only this session's family (it and its descendants).",
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "Last-Event-ID",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "integer", "minimum": 0},
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The event stream.",
+                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        },
+                        "400": _err("A bad session id or Last-Event-ID."),
+                        **_AUTH,
+                    },
+                }
+            },
+            "/v1/openapi.json": {
+                "get": {
+                    "summary": "This document.",
+                    "responses": {"200": _ok("The document.", {"type": "object"}), **_AUTH},
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Whether the service runs (never needs the token).",
+                    "security": [],
+                    "responses": {
+                        "200": _ok("It runs.", {"type": "object"}),
+                        "503": _ok("It is stopping.", {"type": "object"}),
+                    },
+                }
+            },
+        },
+    }

@@ -1,0 +1,285 @@
+/* loopd's page: the sessions, and the live tree of one family. Events are read with fetch
+   (a stream of server-sent events), so the token goes in a header, never in a URL. Every text
+   from the service is put in the page as text (textContent), never as HTML. */
+(function () {
+  "use strict";
+  const { SseParser, Family } = window.LoopdTree;
+  const TOKEN_KEY = "loopd-token";
+  const $ = (id) => document.getElementById(id);
+
+  const RECENT = 5000;
+  let token = sessionStorage.getItem(TOKEN_KEY);
+  let family = null;
+  let recent = []; // the latest events, so a family picked now is drawn from its start
+  let lastEventId = null;
+  let renderQueued = false;
+  let sessionsQueued = false;
+  let waitingForToken = null;
+
+  function headers(extra) {
+    const h = Object.assign({}, extra || {});
+    if (token) h.Authorization = "Bearer " + token;
+    return h;
+  }
+
+  /* Ask for the token once; resolves when the person has given it. */
+  function askToken() {
+    if (!waitingForToken) {
+      waitingForToken = new Promise((resolve) => {
+        const form = $("token-form");
+        form.hidden = false;
+        $("token").focus();
+        form.onsubmit = (e) => {
+          e.preventDefault();
+          token = $("token").value.trim();
+          sessionStorage.setItem(TOKEN_KEY, token);
+          form.hidden = true;
+          waitingForToken = null;
+          resolve();
+        };
+      });
+    }
+    return waitingForToken;
+  }
+
+  async function api(path, init) {
+    for (;;) {
+      const opts = Object.assign({}, init || {});
+      opts.headers = headers(opts.headers);
+      const response = await fetch(path, opts);
+      if (response.status !== 401) return response;
+      await askToken();
+    }
+  }
+
+  function text(tag, content, cls) {
+    const el = document.createElement(tag);
+    if (content !== undefined && content !== null) el.textContent = String(content);
+    if (cls) el.className = cls;
+    return el;
+  }
+
+  function say(message) {
+    $("message").textContent = message || "";
+  }
+
+  /* The sessions table: top-level sessions, each with its children below it. */
+  async function loadSessions() {
+    sessionsQueued = false;
+    const response = await api("/v1/sessions");
+    if (!response.ok) return;
+    const rows = (await response.json()).sessions;
+    const body = $("sessions").querySelector("tbody");
+    body.replaceChildren();
+    const byParent = new Map();
+    for (const row of rows) {
+      const key = row.parent || "";
+      if (!byParent.has(key)) byParent.set(key, []);
+      byParent.get(key).push(row);
+    }
+    const add = (row, depth) => {
+      const tr = document.createElement("tr");
+      if (depth) tr.className = "child";
+      if (family && row.session === family.root) tr.classList.add("picked");
+      tr.append(
+        text("td", row.session), text("td", row.agent || ""), text("td", row.state),
+        text("td", row.turns ?? ""), text("td", row.messages ?? ""),
+        text("td", (row.updated_at || "").replace(/^.*T/, "").replace(/\.\d+Z$/, "")),
+      );
+      tr.lastChild.title = row.updated_at || "";
+      tr.onclick = () => pick(familyRoot(row, rows));
+      body.append(tr);
+      if (depth < 8) for (const child of byParent.get(row.session) || []) add(child, depth + 1);
+    };
+    for (const row of byParent.get("") || []) add(row, 0);
+  }
+
+  function familyRoot(row, rows) {
+    const byId = new Map(rows.map((r) => [r.session, r]));
+    let at = row;
+    for (let i = 0; i < 64 && at.parent && byId.has(at.parent); i += 1) at = byId.get(at.parent);
+    return at.parent || at.session;
+  }
+
+  function queueSessions() {
+    if (!sessionsQueued) {
+      sessionsQueued = true;
+      setTimeout(() => loadSessions().catch(() => {}), 400);
+    }
+  }
+
+  /* Pick a family: seed its tree from the store, then the live events keep it current. */
+  async function pick(rootId) {
+    family = new Family(rootId);
+    for (const event of recent) family.apply(event);
+    $("family-name").textContent = rootId;
+    say("");
+    const picked = family;
+    const seen = new Set();
+    const load = async (id) => {
+      if (seen.has(id) || seen.size > 500) return;
+      seen.add(id);
+      const response = await api("/v1/sessions/" + encodeURIComponent(id));
+      if (!response.ok) return;
+      const shown = await response.json();
+      if (family !== picked) return;
+      picked.seed(shown);
+      await Promise.all((shown.children || []).map(load));
+    };
+    await load(rootId);
+    queueRender();
+    queueSessions();
+  }
+
+  function elapsed(node, now) {
+    if (!node.started) return "";
+    const end = node.ended ? Date.parse(node.ended) : now;
+    const seconds = Math.max(0, (end - Date.parse(node.started)) / 1000);
+    return seconds < 60 ? seconds.toFixed(1) + " s" : Math.floor(seconds / 60) + " min " +
+      Math.round(seconds % 60) + " s";
+  }
+
+  function drawNode(node, now) {
+    const li = document.createElement("li");
+    const box = text("div", null, "node " + node.state);
+    box.dataset.session = node.id;
+    const head = text("div", null, "head");
+    head.append(text("span", node.id, "id"), text("span", node.state, "state"));
+    const facts = [];
+    if (node.agent) facts.push("agent " + node.agent);
+    if (node.slot !== null && node.slot !== undefined) facts.push("slot " + node.slot);
+    facts.push(node.tokens + " tokens");
+    const time = elapsed(node, now);
+    if (time) facts.push(time);
+    if (node.tool) facts.push("calling " + node.tool);
+    head.append(text("span", facts.join(" · "), "facts"));
+    box.append(head);
+    if (node.reason) box.append(text("div", node.reason + (node.detail ? ": " + node.detail : ""), "detail"));
+    if (node.text) box.append(text("pre", node.text.slice(-4000)));
+    li.append(box);
+    if (node.children.length) {
+      const ul = document.createElement("ul");
+      for (const child of node.children) ul.append(drawNode(child, now));
+      li.append(ul);
+    }
+    return li;
+  }
+
+  function render() {
+    renderQueued = false;
+    const tree = $("tree");
+    if (!family) {
+      tree.replaceChildren();
+      return;
+    }
+    const data = family.toJSON();
+    const ul = text("ul", null, "tree");
+    ul.append(drawNode(data, Date.now()));
+    tree.replaceChildren(ul);
+    $("cancel").hidden = data.state !== "running";
+  }
+
+  function queueRender() {
+    if (!renderQueued) {
+      renderQueued = true;
+      requestAnimationFrame(render);
+    }
+  }
+
+  function link(state, what) {
+    const el = $("link");
+    el.className = "link " + state;
+    el.textContent = what;
+  }
+
+  /* The event stream, read with fetch; reconnects with Last-Event-ID after a drop. */
+  async function streamEvents() {
+    for (let wait = 500; ; wait = Math.min(wait * 2, 10000)) {
+      try {
+        const extra = lastEventId === null ? {} : { "Last-Event-ID": lastEventId };
+        const response = await api("/v1/events", { headers: extra });
+        if (!response.ok || !response.body) throw new Error("HTTP " + response.status);
+        link("live", "live");
+        wait = 500;
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        const parser = new SseParser();
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          for (const frame of parser.feed(decoder.decode(value, { stream: true }))) handle(frame);
+        }
+      } catch (error) {
+        link("down", "reconnecting (" + error.message + ")");
+      }
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+
+  function handle(frame) {
+    if (frame.event === "dropped") {
+      link("down", "fell behind; catching up");
+      return;
+    }
+    if (frame.event === "gap") {
+      if (family) pick(family.root);
+      return;
+    }
+    if (frame.id !== null) lastEventId = frame.id;
+    let event;
+    try {
+      event = JSON.parse(frame.data);
+    } catch (error) {
+      return;
+    }
+    recent.push(event);
+    if (recent.length > RECENT) recent = recent.slice(-RECENT / 2);
+    if (event.type === "TurnStarted" || event.type === "TurnEnded") queueSessions();
+    if (family && family.apply(event)) {
+      queueRender();
+      if (event.type === "TurnEnded") reseed(family, event.session);
+    }
+  }
+
+  /* A node's stored facts (its agent, say), once its turn has ended and is stored. */
+  async function reseed(picked, session) {
+    const response = await api("/v1/sessions/" + encodeURIComponent(session));
+    if (!response.ok || family !== picked) return;
+    picked.seed(await response.json());
+    queueRender();
+  }
+
+  $("cancel").onclick = async () => {
+    if (!family) return;
+    const response = await api("/v1/sessions/" + encodeURIComponent(family.root) + "/cancel", {
+      method: "POST",
+    });
+    const answer = await response.json();
+    say(response.ok ? "cancelled: " + (answer.cancelled.join(", ") || "nothing was running")
+      : answer.error);
+  };
+
+  $("turn-form").onsubmit = async (e) => {
+    e.preventDefault();
+    const session = $("turn-session").value.trim();
+    const response = await api("/v1/sessions/" + encodeURIComponent(session) + "/turns", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ text: $("turn-text").value, wait: false }),
+    });
+    const answer = await response.json();
+    if (!response.ok) {
+      say(answer.error);
+      return;
+    }
+    $("turn-text").value = "";
+    await pick(session);
+  };
+
+  setInterval(() => {
+    if (family && family.toJSON().state === "running") queueRender(); // elapsed times tick
+  }, 1000);
+
+  loadSessions().catch(() => {});
+  streamEvents();
+})();

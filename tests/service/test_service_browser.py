@@ -1,0 +1,136 @@
+"""The service's page in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by Selenium against a running service on the scripted model.
+Skipped where either is missing."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from actors import Config
+from actors.runtime import Runtime
+from actors.shells.demo import DEMO_TEXT, demo_script
+from actors.shells.service.server import Service
+from actors.shells.service.settings import ServiceSettings
+from actors.testing import ScriptedModel, call, reply, with_usage
+from messages import ModelRequest
+
+webdriver = pytest.importorskip("selenium.webdriver")
+CHROMIUM = shutil.which("chromium")
+DRIVER = shutil.which("chromedriver")
+pytestmark = [
+    pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs chromium and chromium-driver"),
+    pytest.mark.timeout(120),
+]
+
+WAIT = 30.0
+TOKEN = "browser-test-token-77aa"
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Any]:
+    """A service (with a token) over the demo's model, where the ``boss`` family's child waits
+    until the test ends; and a headless Chromium on its page."""
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    release = threading.Event()
+
+    def script(request: ModelRequest):
+        if request.session == "boss":
+            return call("subagent", task="dig")
+        if "boss" in request.session:
+            release.wait(WAIT)
+            return reply("too late")
+        return with_usage(demo_script(request), 120, 30)
+
+    config = Config(home=str(tmp_path / "home"))
+    config = config.replace(model=msgspec.structs.replace(config.model, stream=True))
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    with (
+        Runtime.start(config, model=ScriptedModel(script)) as rt,
+        Service.start(rt, ServiceSettings("127.0.0.1", 0, TOKEN)) as service,
+    ):
+        browser = webdriver.Chrome(service=DriverService(str(DRIVER)), options=options)
+        try:
+            browser.get(service.url + "/")
+            yield browser
+        finally:
+            release.set()
+            browser.quit()
+
+
+def _wait(browser: Any, what: Any) -> Any:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(browser, WAIT).until(what)
+    except TimeoutException:  # say what the page showed
+        raise AssertionError(
+            browser.find_element("tag name", "body").text
+            + "\n"
+            + repr(browser.get_log("browser") if hasattr(browser, "get_log") else "")
+        ) from None
+
+
+def _nodes(browser: Any, state: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(browser.find_elements(By.CSS_SELECTOR, f".node.{state}"))
+
+
+def test_the_page_asks_for_the_token_then_draws_the_familys_tree_and_cancels_one(
+    page, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser = page
+    form = _wait(browser, lambda b: b.find_element(By.ID, "token-form"))
+    _wait(browser, lambda b: form.is_displayed())  # the API said 401: the page asks, once
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    form.submit()
+    assert browser.execute_script("return sessionStorage.getItem('loopd-token')") == TOKEN
+    _wait(browser, lambda b: b.find_element(By.ID, "link").text == "live")
+
+    browser.find_element(By.ID, "turn-session").send_keys("demo")
+    browser.find_element(By.ID, "turn-text").send_keys(DEMO_TEXT)
+    browser.find_element(By.CSS_SELECTOR, "#turn-form button").click()
+    _wait(browser, lambda b: len(_nodes(b, "completed")) == 3)
+    ids = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".node .id")]
+    assert ids == ["demo", "sub-demo-1", "sub-sub-demo-1-1"]  # parent, child, grandchild
+    facts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".node .facts")]
+    assert all("300 tokens" in f for f in facts), facts  # two answers of 150 each
+    _wait(browser, lambda b: "agent default" in b.find_element(By.CSS_SELECTOR, ".facts").text)
+    assert all(f.endswith(" s") for f in facts), facts  # each node's elapsed time
+    texts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".node pre")]
+    assert "My helper reported" in texts[0] and texts[2].startswith("The clock says")
+    browser.save_screenshot(str(tmp_path / "tree.png"))
+    _wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")) == 3)
+    rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")]
+    assert rows[0].startswith("demo default idle 1") and rows[2].startswith("sub-sub-demo-1-1")
+
+    # A family that runs until cancelled from the page.
+    session = browser.find_element(By.ID, "turn-session")
+    session.clear()
+    session.send_keys("boss")
+    browser.find_element(By.ID, "turn-text").send_keys("go")
+    browser.find_element(By.CSS_SELECTOR, "#turn-form button").click()
+    cancel = browser.find_element(By.ID, "cancel")
+    _wait(browser, lambda b: cancel.is_displayed() and len(_nodes(b, "running")) == 2)
+    cancel.click()
+    _wait(browser, lambda b: len(_nodes(b, "cancelled")) == 2)
+    assert "cancelled: " in browser.find_element(By.ID, "message").text
+    assert not cancel.is_displayed()
+    assert (tmp_path / "tree.png").stat().st_size > 1000
+    errors = [e for e in browser.get_log("browser") if e.get("source") == "javascript"]
+    assert errors == []  # no script error on the way
