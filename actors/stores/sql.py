@@ -43,6 +43,7 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.dialect import Dialect
+from messages.background import BackgroundRow
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
@@ -415,8 +416,12 @@ class SqlSessionStore:
         turns: int,
         next_call_id: int,
         untrusted: bool,
+        reports: Sequence[str] = (),
     ) -> None:
-        """:meth:`append` inside the caller's transaction (for :meth:`run_batch`)."""
+        """:meth:`append` inside the caller's transaction (for :meth:`run_batch`).
+
+        ``reports`` names background children whose reports ``messages`` deliver: their rows
+        go in the same transaction, so each report is delivered once."""
         q = self.dialect.q
         # The hot path of every turn: read the one counter it checks, not the baseline.
         row = cur.execute(q.next_call_id, (id,)).fetchone()
@@ -432,6 +437,33 @@ class SqlSessionStore:
         at = now()
         self._insert_messages(cur, id, messages, at)
         cur.execute(q.counters, (turns, next_call_id, bool(untrusted), at, id))
+        for child in reports:  # delivered with these messages: in this transcript, not stored
+            cur.execute(q.drop_background, (child,))
+
+    def save_background_in(self, cur: Any, row: BackgroundRow) -> None:
+        """Store background child ``row.child``'s row (insert, or replace its report)."""
+        q = self.dialect.q
+        cur.execute(
+            q.save_background,
+            (row.child, row.parent, row.call_id, row.report, bool(row.untrusted), now()),
+        )
+
+    def drop_background_in(self, cur: Any, child: str) -> None:
+        """Forget background child ``child``'s row (it was cancelled)."""
+        cur.execute(self.dialect.q.drop_background, (child,))
+
+    def load_background_in(self, cur: Any) -> tuple[BackgroundRow, ...]:
+        """Every background row, oldest first (by the time it was last stored)."""
+        rows = cur.execute(self.dialect.q.load_background).fetchall()
+        return tuple(
+            BackgroundRow(child, parent, call_id, report, bool(untrusted))
+            for child, parent, call_id, report, untrusted in rows
+        )
+
+    def background(self) -> tuple[BackgroundRow, ...]:
+        """Every background row (for a reader: the CLI, a test)."""
+        with self._transaction("*", "read background children", write=False) as cur:
+            return self.load_background_in(cur)
 
     def compact(self, id: str, summary: ChatMessage) -> None:
         """Replace ``id``'s live history by ``summary``, in one transaction.

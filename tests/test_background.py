@@ -1,0 +1,439 @@
+"""Background subagents (``[subagents] background``) over real HTTP and the real store.
+
+A fake OpenAI-compatible server on 127.0.0.1 plays the parent and its children; every request
+is recorded, so each test checks on the wire that a report arrives as a user message named
+``subagent`` and that each session's prompt is only ever extended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import msgspec
+import pytest
+
+from actors import Config, ModelConfig
+from actors.core.dispatch import SUBAGENT_SPEC, Registry
+from actors.stores.sqlite import DB_NAME, SessionStore
+from actors.testing import Probe, call, calls, reply, with_usage
+from messages import (
+    BackgroundRow,
+    FailReason,
+    SubagentFinished,
+    SubagentStarted,
+    TurnCompleted,
+    TurnEnded,
+)
+
+WAIT = 10.0
+
+
+def background_config(config: Config, url: str, **subagents: Any) -> Config:
+    """``config`` on the server at ``url``, background subagents on (no retries: each answer
+    is scripted)."""
+    model = ModelConfig(base_url=url, name="local", timeout_s=10, retries=0)
+    section = msgspec.structs.replace(config.subagents, **{"background": True, **subagents})
+    return config.replace(model=model, subagents=section)
+
+
+def is_child(body: dict[str, Any]) -> bool:
+    return body["messages"][1]["content"].startswith("It is ")
+
+
+def last(body: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = body["messages"][-1]
+    return message
+
+
+def session_requests(server: Any, first_text: str) -> list[dict[str, Any]]:
+    """The requests of the session whose first user message is ``first_text``."""
+    return [b for b in server.requests if b["messages"][1]["content"] == first_text]
+
+
+def assert_prefix_only_extended(requests: list[dict[str, Any]]) -> None:
+    """Each request's messages begin with exactly the previous request's messages."""
+    for before, after in itertools.pairwise(requests):
+        assert after["messages"][: len(before["messages"])] == before["messages"]
+        assert after["tools"] == before["tools"]
+
+
+def report(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text, "name": "subagent"}
+
+
+def events(rt: Any) -> Probe:
+    probe = Probe.start(rt.directory, "events")
+    rt.subscribe(probe.tell)
+    return probe
+
+
+def test_the_switch_off_keeps_the_subagent_schema_and_refuses_the_key() -> None:
+    registry = Registry().for_agent(None, {})
+    (spec,) = [s for s in registry.specs() if s.name == "subagent"]
+    assert spec == SUBAGENT_SPEC
+    assert set(spec.parameters["properties"]) == {"task"}
+    on = Registry().for_agent(None, {}, background=True)
+    (spec,) = [s for s in on.specs() if s.name == "subagent"]
+    assert spec.parameters["properties"]["background"]["type"] == "boolean"
+    assert spec.parameters["required"] == ["task"]
+    assert spec.parameters["additionalProperties"] is False
+
+
+def test_background_arguments_are_checked_after_task(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    def script(body: dict[str, Any]):
+        if last(body)["role"] == "user":
+            return calls(
+                ("subagent", {"task": "t", "background": "yes"}),
+                ("subagent", {"background": 1}),
+                ("subagent", {"task": 3, "background": "x"}),
+            )
+        return reply("\n".join(m["content"] for m in body["messages"] if m["role"] == "tool"))
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
+    outcome = rt.run_turn("p", "go", timeout=WAIT)
+    assert isinstance(outcome, TurnCompleted)
+    assert outcome.content.splitlines() == [
+        "Denied: the arguments are not valid for this tool: background must be a boolean.",
+        "Denied: the arguments are not valid for this tool: task is required.",
+        "Denied: the arguments are not valid for this tool: task must be a string.",
+    ]
+    first = server.requests[0]
+    spec = next(t for t in first["tools"] if t["function"]["name"] == "subagent")
+    assert set(spec["function"]["parameters"]["properties"]) == {"task", "background"}
+
+
+def test_with_the_switch_off_background_is_an_unknown_field(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    def script(body: dict[str, Any]):
+        if last(body)["role"] == "user":
+            return call("subagent", task="t", background=True)
+        return reply(last(body)["content"])
+
+    server = chat_server(script)
+    config = background_config(loopd_config, server.base_url, background=False)
+    rt = loopd_runtime(config=config)
+    outcome = rt.run_turn("p", "go", timeout=WAIT)
+    assert outcome == TurnCompleted(
+        "p", "Denied: the arguments are not valid for this tool: unknown field: background."
+    )
+    spec = next(t for t in server.requests[0]["tools"] if t["function"]["name"] == "subagent")
+    assert spec["function"]["parameters"] == SUBAGENT_SPEC.parameters
+
+
+def test_a_report_reaches_the_running_parent_turn_before_its_next_request(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    child_answered = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            child_answered.set()
+            return reply("about 6000")
+        if body["messages"][-1]["role"] == "user" and len(body["messages"]) == 2:
+            return call("subagent", task="count the stars", background=True)
+        if last(body).get("name") == "subagent":
+            return reply("heard: " + last(body)["content"])
+        # Still working while the child runs: the report comes before a next request.
+        assert child_answered.wait(WAIT)
+        return call("clock")
+
+    server = chat_server(script)
+    rt = loopd_runtime(
+        config=background_config(loopd_config, server.base_url), loop={"max_steps": 64}
+    )
+    probe = events(rt)
+    outcome = rt.run_turn("p", "how many stars?", timeout=WAIT)
+    assert outcome == TurnCompleted("p", "heard: sub-p-1 completed\nabout 6000")
+
+    started = probe.expect(SubagentStarted)
+    assert started.background and started.child == "sub-p-1"
+    parent = session_requests(server, "how many stars?")
+    assert parent[1]["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": "sub-p-1 started in the background",
+    }
+    assert parent[-1]["messages"][-1] == report("sub-p-1 completed\nabout 6000")
+    # Delivered once, and the prompt was only ever extended.
+    texts = [m for m in parent[-1]["messages"] if m.get("name") == "subagent"]
+    assert len(texts) == 1
+    assert_prefix_only_extended(parent)
+    rt.wait_family("p", timeout=WAIT)
+    assert len(session_requests(server, "how many stars?")) == len(parent)  # no new turn
+
+
+def test_a_report_after_the_parent_turn_ended_is_a_new_turn(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    go = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            assert go.wait(WAIT)
+            return reply("found it")
+        if last(body).get("name") == "subagent":
+            return reply("noted: " + last(body)["content"])
+        if last(body)["role"] == "user":
+            return call("subagent", task="look it up", background=True)
+        return reply("I will tell you")
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
+    probe = events(rt)
+    assert rt.run_turn("p", "find it", timeout=WAIT) == TurnCompleted("p", "I will tell you")
+    go.set()
+    rt.wait_family("p", timeout=WAIT)
+
+    finished = probe.expect(SubagentFinished)
+    assert finished.child == "sub-p-1" and finished.completed
+    for _turn in range(2):  # the user's turn, then the report's
+        probe.expect(lambda e: isinstance(e, TurnEnded) and e.session == "p" and e.completed)
+    parent = session_requests(server, "find it")
+    assert len(parent) == 3
+    assert parent[2]["messages"][-2] == {"role": "assistant", "content": "I will tell you"}
+    assert parent[2]["messages"][-1] == report("sub-p-1 completed\nfound it")
+    assert_prefix_only_extended(parent)
+    rt.stop()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        transcript = store.open("p").transcript
+        assert store.background() == ()
+    assert transcript[-2].name == "subagent" and transcript[-1].content.startswith("noted: ")
+
+
+def test_max_background_denies_one_more(chat_server, loopd_runtime, loopd_config) -> None:
+    go = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            assert go.wait(WAIT)
+            return reply("done")
+        if last(body).get("name") == "subagent":
+            return reply("ok")
+        if last(body)["role"] == "user":
+            return calls(
+                ("subagent", {"task": "a", "background": True}),
+                ("subagent", {"task": "b", "background": True}),
+            )
+        return reply(" | ".join(m["content"] for m in body["messages"] if m["role"] == "tool"))
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url, max_background=1))
+    outcome = rt.run_turn("p", "go", timeout=WAIT)
+    assert outcome == TurnCompleted(
+        "p",
+        "sub-p-1 started in the background | Denied: a limit of this runtime was reached: "
+        "1 background subagents are running; wait for one to report.",
+    )
+    go.set()
+    rt.wait_family("p", timeout=WAIT)
+    assert_prefix_only_extended(session_requests(server, "go"))
+
+
+def test_cancel_reaches_background_children_and_nothing_is_reported(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    release = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            release.wait(WAIT)
+            return reply("too late")
+        if last(body)["role"] == "user":
+            return call("subagent", task="slow", background=True)
+        return reply("started")
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
+    probe = events(rt)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "started")
+    server.wait_for_requests(3, timeout=WAIT)  # the child asks its model
+    assert rt.cancel("p") == ("sub-p-1",)
+    finished = probe.expect(SubagentFinished)
+    assert (finished.child, finished.completed, finished.reason) == (
+        "sub-p-1",
+        False,
+        FailReason.CANCELLED,
+    )
+    rt.wait_family("p", timeout=WAIT)
+    release.set()
+    assert len(session_requests(server, "go")) == 2  # no report, no new turn
+    rt.stop()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        assert store.background() == ()
+        assert [m.content for m in store.open("p").transcript][-1] == "started"
+
+
+def test_cancelling_a_running_parent_returns_its_background_children(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            started.set()
+            release.wait(WAIT)
+            return reply("late")
+        if last(body)["role"] == "user":
+            return call("subagent", task="slow", background=True)
+        release.wait(WAIT)  # the parent's turn is still running when it is cancelled
+        return reply("never")
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
+    probe = events(rt)
+    rt.send_turn("p", "go")
+    assert started.wait(WAIT)
+    assert sorted(rt.cancel("p")) == ["p", "sub-p-1"]
+    probe.expect(lambda e: isinstance(e, SubagentFinished) and e.reason is FailReason.CANCELLED)
+    rt.wait_family("p", timeout=WAIT)
+    release.set()
+
+
+def test_a_background_child_cut_off_by_a_stop_reports_failed_after_the_next_start(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    release = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            release.wait(WAIT)
+            return reply("never heard")
+        if last(body).get("name") == "subagent":
+            return reply("sorry: " + last(body)["content"])
+        if last(body)["role"] == "user":
+            return call("subagent", task="slow", background=True)
+        return reply("working on it")
+
+    server = chat_server(script)
+    config = background_config(loopd_config, server.base_url)
+    rt = loopd_runtime(config=config)
+    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "working on it")
+    server.wait_for_requests(3, timeout=WAIT)
+    rt.stop()
+    release.set()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        assert store.background() == (BackgroundRow("sub-p-1", "p", 1),)
+
+    rt = loopd_runtime(config=config)
+    rt.wait_family("p", timeout=WAIT)
+    parent = session_requests(server, "go")
+    assert parent[-1]["messages"][-1] == report("sub-p-1 failed")
+    assert_prefix_only_extended(parent)
+    rt.stop()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        assert store.background() == ()
+        assert store.open("p").transcript[-1].content == "sorry: sub-p-1 failed"
+
+
+def test_a_report_not_delivered_at_a_stop_is_delivered_after_the_next_start(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    release = threading.Event()
+    restarted = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            return reply("the answer is 42")
+        if last(body).get("name") == "subagent":
+            return reply("got " + last(body)["content"])
+        if last(body)["role"] == "user":
+            return call("subagent", task="compute", background=True)
+        if not restarted.is_set():
+            release.wait(WAIT)  # the parent's turn hangs until the runtime stops
+        return reply("unused")
+
+    server = chat_server(script)
+    config = background_config(loopd_config, server.base_url)
+    rt = loopd_runtime(config=config)
+    probe = events(rt)
+    rt.send_turn("p", "go")
+    probe.expect(SubagentFinished, timeout=WAIT)  # its report is on its way to the store
+    rt.stop()
+    release.set()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        (row,) = store.background()
+    assert row.report == "sub-p-1 completed\nthe answer is 42"
+
+    restarted.set()
+    rt = loopd_runtime(config=config)
+    rt.wait_family("p", timeout=WAIT)
+    parent = session_requests(server, "go")
+    assert parent[-1]["messages"][-1] == report("sub-p-1 completed\nthe answer is 42")
+    rt.stop()
+    with SessionStore(loopd_config.home_path / DB_NAME) as store:
+        assert store.background() == ()
+        transcript = store.open("p").transcript
+    assert [m.content for m in transcript if m.name == "subagent"] == [
+        "sub-p-1 completed\nthe answer is 42"
+    ]
+    assert transcript[-1].content == "got sub-p-1 completed\nthe answer is 42"
+
+
+def test_the_spawning_turn_budget_counts_a_background_child_after_the_turn_ended(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    go = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            if last(body)["role"] == "user":
+                assert go.wait(WAIT)
+                return with_usage(call("clock"), 10, 0)
+            return reply("never: over budget")
+        if last(body).get("name") == "subagent":
+            return reply("heard " + last(body)["content"])
+        if last(body)["role"] == "user":
+            return with_usage(call("subagent", task="t", background=True), 60, 0)
+        return with_usage(reply("spent"), 50, 0)
+
+    server = chat_server(script)
+    rt = loopd_runtime(
+        config=background_config(loopd_config, server.base_url), loop={"token_budget": 100}
+    )
+    probe = events(rt)
+    outcome = rt.run_turn("p", "go", timeout=WAIT)
+    assert isinstance(outcome, TurnCompleted) and outcome.content == "spent"
+    go.set()
+    rt.wait_family("p", timeout=WAIT)
+    ended = probe.expect(lambda e: isinstance(e, TurnEnded) and e.session == "sub-p-1")
+    assert ended.reason is FailReason.BUDGET
+    parent = session_requests(server, "go")
+    assert parent[-1]["messages"][-1] == report("sub-p-1 failed")
+    assert_prefix_only_extended(parent)
+
+
+def test_a_child_may_not_run_subagents_in_the_background(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            if last(body)["role"] == "user":
+                return call("subagent", task="deeper", background=True)
+            return reply(last(body)["content"])
+        if last(body)["role"] == "user":
+            return call("subagent", task="t")
+        return reply(last(body)["content"])
+
+    server = chat_server(script)
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
+    outcome = rt.run_turn("p", "go", timeout=WAIT)
+    assert isinstance(outcome, TurnCompleted)
+    assert outcome.content == (
+        "sub-p-1 completed\nDenied: a limit of this runtime was reached: only a top-level "
+        "session runs subagents in the background; call without it."
+    )
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0])
+def test_wait_family_refuses_a_bad_timeout(loopd_runtime, timeout: float) -> None:
+    rt = loopd_runtime([])
+    with pytest.raises(ValueError):
+        rt.wait_family("p", timeout=timeout)
+    rt.wait_family("p", timeout=WAIT)  # nothing runs: idle at once
