@@ -7,6 +7,7 @@ is recorded, so each test checks on the wire that a report arrives as a user mes
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from typing import Any
@@ -14,13 +15,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors import Config, ModelConfig
+from actors import Config, ModelConfig, SubagentsConfig
+from actors.aio import AsyncRuntime
 from actors.core.dispatch import SUBAGENT_SPEC, Registry
+from actors.shells.render import render_event
+from actors.shells.repl import Helpers
 from actors.stores.sqlite import DB_NAME, SessionStore
-from actors.testing import Probe, call, calls, reply, with_usage
+from actors.testing import Answer, Probe, ScriptedModel, call, calls, reply, with_usage
 from messages import (
     BackgroundRow,
+    ChatMessage,
     FailReason,
+    ModelRequest,
     SubagentFinished,
     SubagentStarted,
     TurnCompleted,
@@ -437,3 +443,50 @@ def test_wait_family_refuses_a_bad_timeout(loopd_runtime, timeout: float) -> Non
     with pytest.raises(ValueError):
         rt.wait_family("p", timeout=timeout)
     rt.wait_family("p", timeout=WAIT)  # nothing runs: idle at once
+
+
+def _walker(request: ModelRequest) -> Answer:
+    """A ScriptedModel script: ``walker`` starts one background child and ends its turn; the
+    child answers; the report's turn answers ``Noted: <report>``."""
+    last_message = request.messages[-1]
+    if request.session != "walker":
+        return reply("Saturday.")
+    if last_message.name == "subagent":
+        return reply("Noted: " + (last_message.content or ""))
+    if last_message.role == "user":
+        return call("subagent", task="find a day", background=True)
+    return reply("asked")
+
+
+def test_the_live_tree_and_the_repl_show_background_children(
+    loopd_runtime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1", background=True))
+    assert line.endswith("p  ┬ spawns sub-p-1 for call 1 (background)")
+    plain = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1"))
+    assert plain.endswith("p  ┬ spawns sub-p-1 for call 1")
+
+    rt = loopd_runtime(_walker, subagents={"background": True})
+    helpers = Helpers(rt)
+    assert "wait" in helpers.namespace()
+    assert helpers.turn("walker", "plan", timeout=WAIT) == TurnCompleted("walker", "asked")
+    helpers.wait("walker", timeout=WAIT)
+    out = capsys.readouterr().out
+    assert "┬ spawns sub-walker-1 for call 1 (background)" in out
+    assert "sub-walker-1  turn completed" in out
+
+
+def test_async_runtime_waits_for_the_family(tmp_path) -> None:
+    model = ScriptedModel(_walker)
+    config = Config(home=str(tmp_path / "home"), subagents=SubagentsConfig(background=True))
+
+    async def main() -> Any:
+        async with AsyncRuntime.start(config, model=model) as art:
+            await art.run_turn("walker", "plan", timeout=WAIT)
+            await art.wait_family("walker", timeout=WAIT)
+            return model.requests[-1].messages[-1]
+
+    last_message = asyncio.run(main())
+    assert last_message == ChatMessage(
+        role="user", content="sub-walker-1 completed\nSaturday.", name="subagent"
+    )
