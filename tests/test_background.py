@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -490,3 +494,58 @@ def test_async_runtime_waits_for_the_family(tmp_path) -> None:
     assert last_message == ChatMessage(
         role="user", content="sub-walker-1 completed\nSaturday.", name="subagent"
     )
+
+
+CRASHING = """
+import sys
+from actors import Config, ModelConfig, Runtime, SubagentsConfig
+config = Config(
+    home=sys.argv[1],
+    model=ModelConfig(base_url=sys.argv[2], name="local", timeout_s=30, retries=0),
+    subagents=SubagentsConfig(background=True),
+)
+rt = Runtime.start(config)
+print(rt.run_turn("p", "go", timeout=30).content, flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+def test_a_background_child_cut_off_by_a_crash_reports_failed_after_the_next_start(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    release = threading.Event()
+
+    def script(body: dict[str, Any]):
+        if is_child(body):
+            release.wait(WAIT)  # still running when the process dies
+            return reply("never heard")
+        if last(body).get("name") == "subagent":
+            return reply("sorry: " + last(body)["content"])
+        if last(body)["role"] == "user":
+            return call("subagent", task="slow", background=True)
+        return reply("working on it")
+
+    server = chat_server(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("LOOPD_NO_REAL_MODEL", None)  # the child process talks to this test's server
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING, loopd_config.home, server.base_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "working on it\n"
+        server.wait_for_requests(3, timeout=WAIT)  # the child asks its model
+        proc.kill()
+        assert proc.wait(timeout=WAIT) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        release.set()
+    rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
+    rt.wait_family("p", timeout=WAIT)
+    parent = session_requests(server, "go")
+    assert parent[-1]["messages"][-1] == report("sub-p-1 failed")
+    assert_prefix_only_extended(parent)
