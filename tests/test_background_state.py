@@ -6,6 +6,7 @@ The test plays the Context's shell (it answers the state's questions at once) an
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,9 @@ from actors.core.context_effects import (
 )
 from actors.core.context_state import ContextState
 from actors.core.dispatch import Registry
+from actors.core.session_state import SessionState
+from actors.core.turn import Limits, Turn
+from actors.core.turn_effects import Finish, Persist, RequestModel, Spawn
 from messages import (
     BackgroundLoaded,
     BackgroundReport,
@@ -33,12 +37,15 @@ from messages import (
     BackgroundSaved,
     Baseline,
     Cancel,
+    ChatMessage,
     ChildTimedOut,
     DropBackground,
     FailReason,
     FamilyIdle,
     LoadBackground,
+    ModelAnswer,
     OpenSession,
+    ProposedCall,
     RunTurn,
     SaveBackground,
     SessionLoaded,
@@ -49,6 +56,7 @@ from messages import (
     SubagentRequest,
     SubagentStarted,
     ToolDone,
+    ToolResult,
     TurnCompleted,
     TurnFailed,
     WaitFamily,
@@ -265,3 +273,59 @@ def test_wait_family_is_answered_once_the_family_is_idle(tmp_path) -> None:
     assert shell.state.settle() == []  # ... and runs as a turn
     shell.ended("p", TurnCompleted("p", "noted"), reports=("sub-p-1",))
     assert shell.state.settle() == [Reply("w1", FamilyIdle("p"))]
+
+
+def test_the_context_denies_a_background_call_from_a_child(tmp_path) -> None:
+    shell = Shell(tmp_path)
+    request = SubagentRequest("sub-p-1", 2, "deeper", background=True)
+    (answer,) = of(ToSession, shell.run(shell.state.spawn(request)))
+    assert answer.message.result.denied
+    assert "only a top-level session runs subagents in the background" in (
+        answer.message.result.text
+    )
+
+
+def _turn() -> Turn:
+    registry = Registry().for_agent(None, {}, background=True)
+    state = SessionState("p", Baseline("system", registry.specs()), 0, [])
+    return Turn(state, registry, Limits(8, 1000, 50, 1_000_000), itertools.count(1), lambda: NOW)
+
+
+def test_a_turn_stores_reports_before_its_next_request_and_takes_the_untrusted_flag() -> None:
+    turn = _turn()
+    (saved,) = [e for e in turn.start("go") if isinstance(e, Persist)]
+    asked = turn.persisted(saved.request_id)
+    (request,) = [e for e in asked if isinstance(e, RequestModel)]
+    tell = ProposedCall("subagent", '{"task": "t", "background": true}')
+    answer = ModelAnswer("p", request.request_id, None, (tell,))
+    (stored,) = [e for e in turn.model_answer(answer) if isinstance(e, Persist)]
+    (spawn,) = [e for e in turn.persisted(stored.request_id) if isinstance(e, Spawn)]
+    assert spawn.background
+    assert turn.report(BackgroundReport("p", "sub-p-1", "sub-p-1 failed", untrusted=True)) == []
+    started = ToolResult(1, "sub-p-1 started in the background")
+    (results,) = [e for e in turn.tool_result(started) if isinstance(e, Persist)]
+    assert results.reports == ()
+    (reports,) = [e for e in turn.persisted(results.request_id) if isinstance(e, Persist)]
+    assert reports.messages == (
+        ChatMessage(role="user", content="sub-p-1 failed", name="subagent"),
+    )
+    assert reports.reports == ("sub-p-1",) and turn.state.untrusted
+    assert turn.issued_reports == ["sub-p-1"]
+    (after,) = [e for e in turn.persisted(reports.request_id) if isinstance(e, RequestModel)]
+    assert after.messages[: len(request.messages)] == request.messages  # only extended
+    assert after.messages[-1].name == "subagent"
+
+
+def test_a_report_for_a_turn_that_answers_is_left_out() -> None:
+    turn = _turn()
+    (saved,) = [e for e in turn.start("go") if isinstance(e, Persist)]
+    (request,) = [e for e in turn.persisted(saved.request_id) if isinstance(e, RequestModel)]
+    turn.report(BackgroundReport("p", "sub-p-1", "sub-p-1 failed"))
+    (final,) = [
+        e
+        for e in turn.model_answer(ModelAnswer("p", request.request_id, "done"))
+        if isinstance(e, Persist)
+    ]
+    assert final.reports == ()
+    assert any(isinstance(e, Finish) for e in turn.persisted(final.request_id))
+    assert turn.issued_reports == []

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from actors.core.budget import Budgets, family_of
 from actors.core.config import Config
 from actors.core.context_effects import ContextEffect, IfGone, Reply, ToSession, ToStore
-from actors.core.dispatch import descends_from
+from actors.core.dispatch import depth_of, descends_from
 from actors.core.holds import Hold, HoldTable
+from actors.core.turn import CHILD_BACKGROUND
 from messages import (
     BackgroundLoaded,
     BackgroundReport,
@@ -216,7 +217,10 @@ class BackgroundSpawns:
     # The spawn: stored first, then answered at once.
 
     def _background_denial(self, msg: SubagentRequest) -> str | None:
-        """The LIMIT denial of a background call past ``subagents.max_background``."""
+        """The LIMIT denial of a background call from a child, or past
+        ``subagents.max_background``."""
+        if depth_of(msg.parent) > 0:  # the session checks first; answer all the same
+            return denial_message(DenyReason.LIMIT, CHILD_BACKGROUND)
         running = self.background.running_in(family_of(msg.parent))
         if running < self.background.max_background:
             return None
