@@ -42,12 +42,14 @@ from messages import (
     DropBackground,
     FailReason,
     FamilyIdle,
+    JobSkipped,
     LoadBackground,
     ModelAnswer,
     OpenSession,
     ProposedCall,
     RunTurn,
     SaveBackground,
+    ScheduledTurn,
     SessionLoaded,
     SessionRecord,
     SessionTurnEnded,
@@ -329,3 +331,16 @@ def test_a_report_for_a_turn_that_answers_is_left_out() -> None:
     assert final.reports == ()
     assert any(isinstance(e, Finish) for e in turn.persisted(final.request_id))
     assert turn.issued_reports == []
+
+
+def test_a_scheduled_job_is_not_skipped_for_a_background_child(tmp_path) -> None:
+    shell = Shell(tmp_path)
+    shell.user_turn("p", "w")
+    shell.background_child("p", 1)
+    job = ScheduledTurn("nightly", "p", "check", reply_to="sched")
+    skipped = shell.run(shell.state.scheduled(job))
+    assert [type(e.message) for e in of(Reply, skipped)] == [JobSkipped]
+    assert of(Reply, skipped)[0].message.held == ("p",)  # the parent's own turn, not the child
+    shell.ended("p", TurnCompleted("p", "later"))
+    runs = shell.run(shell.state.scheduled(job))
+    assert [type(m) for m in told(runs)] == [RunTurn]  # the child still runs in the background

@@ -214,6 +214,15 @@ class BackgroundSpawns:
     def _family_held(self, session: str) -> tuple[str, ...]:
         return self.holds.family(session)
 
+    def busy_for_job(self, session: str) -> tuple[str, ...]:
+        """The held ids that keep a scheduled job off ``session``: it and its descendants,
+        but for its background children and theirs (the session does not wait for them)."""
+        held = self.holds.family(session)
+        background = [s for s in held if (h := self.holds.get(s)) is not None and h.background]
+        if not background:
+            return held
+        return tuple(s for s in held if not any(s == b or descends_from(s, b) for b in background))
+
     # The spawn: stored first, then answered at once.
 
     def _background_denial(self, msg: SubagentRequest) -> str | None:

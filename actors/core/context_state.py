@@ -219,7 +219,7 @@ class ContextState(BackgroundSpawns):
         """A ``[[cron]]`` job or the heartbeat: a turn like a user's, unless the session or one
         of its descendants is held, when it is skipped."""
         # A job never piles onto a session that is busy, or waiting for its children.
-        busy = self.holds.family(msg.session)
+        busy = self.busy_for_job(msg.session)
         if busy:
             skipped = JobSkipped(session=msg.session, job=msg.job, held=busy)
             return [Emit(skipped), Reply(msg.reply_to, skipped)]
