@@ -273,6 +273,7 @@ def test_cancel_reaches_background_children_and_nothing_is_reported(
     rt.wait_family("p", timeout=WAIT)
     release.set()
     assert len(session_requests(server, "go")) == 2  # no report, no new turn
+    assert_prefix_only_extended(session_requests(server, "go"))
     rt.stop()
     with SessionStore(loopd_config.home_path / DB_NAME) as store:
         assert store.background() == ()
@@ -376,6 +377,7 @@ def test_a_report_not_delivered_at_a_stop_is_delivered_after_the_next_start(
     rt.wait_family("p", timeout=WAIT)
     parent = session_requests(server, "go")
     assert parent[-1]["messages"][-1] == report("sub-p-1 completed\nthe answer is 42")
+    assert_prefix_only_extended(parent)
     rt.stop()
     with SessionStore(loopd_config.home_path / DB_NAME) as store:
         assert store.background() == ()
