@@ -112,6 +112,10 @@ class Background:
         """Background children of ``family`` running (or being stored to run)."""
         return self._counts.get(family, 0)
 
+    def is_running(self, child: str) -> bool:
+        """True while ``child`` counts as a running background child."""
+        return child in self._running
+
     def begin(self, child: str) -> None:
         """``child`` counts against its family's ``max_background`` from now."""
         family = family_of(child)
@@ -341,7 +345,7 @@ class BackgroundSpawns:
         effects: Effects = []
         parents: list[str] = []
         for row in msg.rows:
-            if row.child in self.background._running or self.holds.get(row.child):
+            if self.background.is_running(row.child) or self.holds.get(row.child):
                 continue  # this run's own (a spawn raced the load)
             if row.report is None:
                 effects += self.report(

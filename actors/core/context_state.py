@@ -20,7 +20,10 @@ The rules it keeps:
 - a cancel reaches the session and every held descendant;
 - idle top-level sessions are passivated (``sessions.idle_s``, ``sessions.max_live``);
 - with ``loop.token_budget``, every model request of a family is counted and refused once the
-  family has spent the budget.
+  family has spent the budget;
+- background children (``[subagents] background``) are stored before they are answered, and
+  their reports before they are delivered (the rules are ``actors.core.background``'s, mixed
+  in as :class:`~actors.core.background.BackgroundSpawns`).
 """
 
 from __future__ import annotations
