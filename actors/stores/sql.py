@@ -34,6 +34,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
+from actors.stores.background_rows import BackgroundRows
 from actors.stores.base import (
     SessionExists,
     SessionInfo,
@@ -43,7 +44,6 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.dialect import Dialect
-from messages.background import BackgroundRow
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
@@ -85,7 +85,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore:
+class SqlSessionStore(BackgroundRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;
@@ -101,6 +101,8 @@ class SqlSessionStore:
 
     dialect: Dialect
     """The database's dialect (a class attribute of each store)."""
+
+    _now = staticmethod(now)
 
     # Class defaults, so a subclass that opens its connection its own way (a read-only view)
     # still has them: the connection, the decoded baselines, the last baseline written.
@@ -439,31 +441,6 @@ class SqlSessionStore:
         cur.execute(q.counters, (turns, next_call_id, bool(untrusted), at, id))
         for child in reports:  # delivered with these messages: in this transcript, not stored
             cur.execute(q.drop_background, (child,))
-
-    def save_background_in(self, cur: Any, row: BackgroundRow) -> None:
-        """Store background child ``row.child``'s row (insert, or replace its report)."""
-        q = self.dialect.q
-        cur.execute(
-            q.save_background,
-            (row.child, row.parent, row.call_id, row.report, bool(row.untrusted), now()),
-        )
-
-    def drop_background_in(self, cur: Any, child: str) -> None:
-        """Forget background child ``child``'s row (it was cancelled)."""
-        cur.execute(self.dialect.q.drop_background, (child,))
-
-    def load_background_in(self, cur: Any) -> tuple[BackgroundRow, ...]:
-        """Every background row, oldest first (by the time it was last stored)."""
-        rows = cur.execute(self.dialect.q.load_background).fetchall()
-        return tuple(
-            BackgroundRow(child, parent, call_id, report, bool(untrusted))
-            for child, parent, call_id, report, untrusted in rows
-        )
-
-    def background(self) -> tuple[BackgroundRow, ...]:
-        """Every background row (for a reader: the CLI, a test)."""
-        with self._transaction("*", "read background children", write=False) as cur:
-            return self.load_background_in(cur)
 
     def compact(self, id: str, summary: ChatMessage) -> None:
         """Replace ``id``'s live history by ``summary``, in one transaction.
