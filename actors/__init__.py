@@ -15,6 +15,7 @@ from actors.core.config import (
     LoopConfig,
     ModelConfig,
     SlotsConfig,
+    SubagentsConfig,
 )
 from actors.dispatcher.directory import Directory
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
@@ -44,6 +45,7 @@ __all__ = [
     "PortTool",
     "Runtime",
     "SlotsConfig",
+    "SubagentsConfig",
     "ToolContext",
     "ToolOutput",
     "port_tool",

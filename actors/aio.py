@@ -238,6 +238,12 @@ class AsyncRuntime:
         """The ids of the sessions whose actor is live now (:meth:`Runtime.live`)."""
         return await asyncio.to_thread(self.runtime.live, timeout)
 
+    async def wait_family(self, session: str, timeout: float | None = None) -> None:
+        """Return once ``session`` and every descendant are idle and no background report for
+        them is pending (:meth:`Runtime.wait_family`), without blocking the loop."""
+        check_session_id(session)
+        await asyncio.to_thread(self.runtime.wait_family, session, timeout)
+
     async def events(self, session: str | None = None) -> AsyncIterator[TurnEvent]:
         """Every turn event from now on (only ``session``'s and its children's, if given).
 

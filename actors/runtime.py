@@ -60,6 +60,7 @@ from messages import (
     TurnEvent,
     TurnFailed,
     TurnOutcome,
+    WaitFamily,
     check_session_id,
 )
 
@@ -539,6 +540,25 @@ class Runtime:
         self._check_cancel(session, timeout)
         cancelled = self.context.ask(CancelTurn(session), timeout=timeout)
         return tuple(cancelled)
+
+    def wait_family(self, session: str, timeout: float | None = None) -> None:
+        """Wait until ``session`` and every descendant are idle and no background report for
+        any of them is pending (``[subagents] background``: a report becomes a turn of its
+        parent, which this also waits for). ``TimeoutError`` after ``timeout`` seconds."""
+        check_session_id(session)
+        check_wait(timeout, "timeout")
+        address = self.directory.unique("waiter")
+        waiter = _Waiter()
+        self.directory.register(address, waiter)
+        try:
+            self._tell_context(WaitFamily(session, address))
+            try:
+                waiter.wait(timeout)
+            except TimeoutError:
+                detail = f"the family of {session} was not idle within {timeout} s"
+                raise TimeoutError(detail) from None
+        finally:
+            self.directory.unregister(address, waiter)
 
     def live(self, timeout: float = 10.0) -> tuple[str, ...]:
         """The ids of the sessions whose actor is live now, sorted.

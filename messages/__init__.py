@@ -4,6 +4,17 @@ Everything here is pure data. Any message round-trips through ``msgspec.json`` a
 ``msgspec.msgpack`` unchanged; decode a union with ``msgspec.json.decode(data, type=...)``.
 """
 
+from messages.background import (
+    BackgroundLoaded,
+    BackgroundReport,
+    BackgroundRow,
+    BackgroundSaved,
+    DropBackground,
+    FamilyIdle,
+    LoadBackground,
+    SaveBackground,
+    WaitFamily,
+)
 from messages.base import Message
 from messages.chat import (
     Baseline,
@@ -94,6 +105,10 @@ __all__ = [
     "CHILD_PREFIX",
     "AppendMessages",
     "Appended",
+    "BackgroundLoaded",
+    "BackgroundReport",
+    "BackgroundRow",
+    "BackgroundSaved",
     "Baseline",
     "CallId",
     "Cancel",
@@ -109,9 +124,12 @@ __all__ = [
     "CreateChild",
     "DataClass",
     "DenyReason",
+    "DropBackground",
     "FailReason",
+    "FamilyIdle",
     "Inspect",
     "JobSkipped",
+    "LoadBackground",
     "MemoryWarning",
     "Message",
     "ModelAnswer",
@@ -127,6 +145,7 @@ __all__ = [
     "Remember",
     "RequestOptions",
     "RunTurn",
+    "SaveBackground",
     "ScheduledTurn",
     "SessionCrashed",
     "SessionId",
@@ -160,6 +179,7 @@ __all__ = [
     "TurnOutcome",
     "TurnStarted",
     "Usage",
+    "WaitFamily",
     "check_session_id",
     "check_text",
     "check_top_level_session",

@@ -120,6 +120,9 @@ class SubagentStarted(_Event, frozen=True):
     call_id: CallId
     child: SessionId
     agent: str = "default"
+    background: bool = False
+    """The call runs in the background: it resolved at once, and the outcome comes later as
+    a user message named ``subagent``."""
 
     @property
     def parent(self) -> str:

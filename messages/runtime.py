@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from messages.background import BackgroundReport
 from messages.base import Message
 from messages.chat import Baseline, ChatMessage, SlotPool, Usage
 from messages.ids import CallId, SessionId, check_text, check_top_level_session
@@ -148,6 +149,9 @@ class AppendMessages(Message, frozen=True):
     next_call_id: int
     untrusted: bool
     reply_to: str
+    reports: tuple[SessionId, ...] = ()
+    """Background children whose reports ``messages`` deliver: their stored rows are deleted
+    in the same transaction, so a report is in the transcript or still stored, never both."""
 
 
 class CompactHistory(Message, frozen=True):
@@ -197,6 +201,9 @@ class RunTurn(Message, frozen=True):
     pool: SlotPool = "main"
     trace: dict[str, str] | None = None
     create: CreateChild | None = None
+    reports: tuple[BackgroundReport, ...] = ()
+    """Background reports this turn delivers with its first message (a turn the Context runs
+    for a report has ``text`` the first one's)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -211,6 +218,8 @@ class SessionTurnEnded(Message, frozen=True):
     outcome: TurnOutcome
     turns: int
     untrusted: bool
+    reports: tuple[SessionId, ...] = ()
+    """The background children whose reports this turn stored in the transcript."""
 
 
 class SessionCrashed(Message, frozen=True):
@@ -219,6 +228,8 @@ class SessionCrashed(Message, frozen=True):
     session: SessionId
     detail: str
     incarnation: int = 0
+    reports: tuple[SessionId, ...] = ()
+    """The background children whose reports the cut-off turn had sent to the store."""
 
 
 class PortCall(Message, frozen=True):

@@ -139,6 +139,8 @@ class SubagentRequest(Message, frozen=True):
     agent: str = "default"
     """The agent profile the child runs (the ``agent`` argument of the call)."""
     trace: dict[str, str] | None = None
+    background: bool = False
+    """The call runs in the background: answered at once, the outcome reported later."""
 
 
 class SubagentCompleted(Message, frozen=True):

@@ -462,6 +462,36 @@ def test_run_uses_the_config_file(chat_server: Server, tmp_path: Path) -> None:
     assert (home / "loopd.db").exists()
 
 
+def test_run_waits_for_background_children_and_shows_them(
+    chat_server: Server, tmp_path: Path
+) -> None:
+    def script(body: dict[str, Any]) -> Any:
+        last = body["messages"][-1]
+        if body["messages"][1]["content"].startswith("It is "):
+            return reply("Saturday.")
+        if last.get("name") == "subagent":
+            return reply("noted")
+        if last["role"] == "user":
+            return call("subagent", task="find a day", background=True)
+        return reply("asked a helper")
+
+    server = chat_server(script)
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'home = "{tmp_path / "bg"}"\n\n[model]\nbase_url = "{server.base_url}"\n'
+        "\n[subagents]\nbackground = true\n"
+    )
+    result = loopd(tmp_path, "run", "--config", config, "--session", "b1", "plan")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "asked a helper\n"
+    assert "┬ spawns sub-b1-1 for call 1 (background)" in result.stderr
+    assert server.requests[-1]["messages"][-1] == {
+        "role": "user",
+        "content": "sub-b1-1 completed\nSaturday.",
+        "name": "subagent",
+    }
+
+
 def test_run_agent_picks_the_profile_and_a_stored_session_keeps_it(
     chat_server: Server, tmp_path: Path
 ) -> None:

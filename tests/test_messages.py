@@ -17,6 +17,10 @@ import messages
 from messages import (
     Appended,
     AppendMessages,
+    BackgroundLoaded,
+    BackgroundReport,
+    BackgroundRow,
+    BackgroundSaved,
     Baseline,
     CallId,
     ChatMessage,
@@ -27,8 +31,11 @@ from messages import (
     CreateChild,
     DataClass,
     DenyReason,
+    DropBackground,
     FailReason,
+    FamilyIdle,
     Inspect,
+    LoadBackground,
     ModelAnswer,
     ModelAnswered,
     ModelError,
@@ -40,6 +47,7 @@ from messages import (
     ReleaseSession,
     RequestOptions,
     RunTurn,
+    SaveBackground,
     SessionCrashed,
     SessionId,
     SessionLoaded,
@@ -64,6 +72,7 @@ from messages import (
     TurnFailed,
     TurnStarted,
     Usage,
+    WaitFamily,
     check_session_id,
     denial_message,
 )
@@ -91,6 +100,10 @@ RECORD = SessionRecord(
     parent="mm",
 )
 
+BACKGROUND_ROW = BackgroundRow(
+    "sub-mm-thread-1", "mm-thread", 1, "sub-mm-thread-1 completed\nok", untrusted=True
+)
+
 # One sample per concrete message class, every optional field set away from its default where
 # that is possible, so a field that does not survive the wire is caught.
 SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
@@ -102,6 +115,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         next_call_id=4,
         untrusted=True,
         reply_to="session/mm-thread",
+        reports=("sub-mm-thread-1",),
     ),
     Appended: lambda: Appended(session="mm-thread", request_id=7),
     Baseline: lambda: BASELINE,
@@ -186,8 +200,16 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         session="mm-thread", call_id=5, name="hostname", arguments="{}", reply_to="port"
     ),
     ProposedCall: lambda: ProposedCall(name="subagent", arguments='{"task": "t"}'),
-    RunTurn: lambda: RunTurn(text="hello", speaker="ann", stored=True, pool="background"),
-    SessionCrashed: lambda: SessionCrashed(session="mm-thread", detail="boom"),
+    RunTurn: lambda: RunTurn(
+        text="hello",
+        speaker="ann",
+        stored=True,
+        pool="background",
+        reports=(BackgroundReport("mm-thread", "sub-mm-thread-1", "sub-mm-thread-1 failed"),),
+    ),
+    SessionCrashed: lambda: SessionCrashed(
+        session="mm-thread", detail="boom", reports=("sub-mm-thread-1",)
+    ),
     SessionLoaded: lambda: SessionLoaded(record=RECORD, created=True),
     SessionRecord: lambda: RECORD,
     SessionTurnEnded: lambda: SessionTurnEnded(
@@ -195,6 +217,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         outcome=TurnFailed(session="mm-thread", reason=FailReason.TURN_LIMIT, detail="16"),
         turns=3,
         untrusted=True,
+        reports=("sub-mm-thread-2",),
     ),
     StartTurn: lambda: StartTurn(
         session="mm-thread",
@@ -237,11 +260,22 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         at=AT,
     ),
     SubagentRequest: lambda: SubagentRequest(
-        parent="mm-thread", call_id=2, task="look", untrusted=True
+        parent="mm-thread", call_id=2, task="look", untrusted=True, background=True
     ),
     SubagentStarted: lambda: SubagentStarted(
-        session="mm-thread", call_id=1, child="sub-mm-thread-1", at=AT
+        session="mm-thread", call_id=1, child="sub-mm-thread-1", background=True, at=AT
     ),
+    BackgroundRow: lambda: BACKGROUND_ROW,
+    SaveBackground: lambda: SaveBackground("sub-mm-thread-1", BACKGROUND_ROW, "context", 3),
+    DropBackground: lambda: DropBackground("sub-mm-thread-1", "context", 4),
+    BackgroundSaved: lambda: BackgroundSaved("sub-mm-thread-1", 3, "disk full"),
+    LoadBackground: lambda: LoadBackground("context", 5, "all"),
+    BackgroundLoaded: lambda: BackgroundLoaded((BACKGROUND_ROW,), 5, "unreadable"),
+    BackgroundReport: lambda: BackgroundReport(
+        "mm-thread", "sub-mm-thread-1", "sub-mm-thread-1 failed", untrusted=True
+    ),
+    WaitFamily: lambda: WaitFamily("mm-thread", "waiter:1"),
+    FamilyIdle: lambda: FamilyIdle("mm-thread"),
     ToolCall: lambda: CALL,
     ToolCallFinished: lambda: ToolCallFinished(
         session="mm-thread", call_id=2, name="clock", denied=True, at=AT

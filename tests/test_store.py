@@ -177,7 +177,7 @@ def test_store_file_is_configured_for_durability(sqlite_store: SessionStore, db:
     assert db.is_file()
     with raw_db(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
 
 
 def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
@@ -644,7 +644,7 @@ def test_a_version_1_store_is_migrated_and_keeps_working(db: Path) -> None:
         store.append("mm", [user("after")], turns=2, next_call_id=2, untrusted=False)
         store.create("new", BASELINE, 0)
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (4,)
         assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     # Opened again (now version 3), nothing moves.
@@ -703,13 +703,54 @@ def test_a_version_2_store_is_migrated_and_its_sessions_run_default(db: Path) ->
         )
         store.create("planned", BASELINE, 0, agent="planner")
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (4,)
     with SessionStore(db) as store:
         assert store.open("planned").agent == "planner"
         assert [(i.id, i.agent) for i in store.list_sessions()] == [
             ("mm", "default"),
             ("planned", "planner"),
         ]
+
+
+def test_background_rows_are_replaced_and_leave_with_the_messages_that_deliver_them(
+    store: Any,
+) -> None:
+    from messages import BackgroundRow
+
+    store.create("p", BASELINE, 0)
+    running = BackgroundRow("sub-p-1", "p", 1)
+    other = BackgroundRow("sub-p-2", "p", 2)
+    store.run_batch([("sub-p-1", lambda cur: store.save_background_in(cur, running))])
+    store.run_batch([("sub-p-2", lambda cur: store.save_background_in(cur, other))])
+    assert set(store.background()) == {running, other}
+    done = BackgroundRow("sub-p-1", "p", 1, "sub-p-1 completed\nok", untrusted=True)
+    store.run_batch([("sub-p-1", lambda cur: store.save_background_in(cur, done))])
+    assert set(store.background()) == {other, done}  # replaced
+    message = ChatMessage(role="user", content=done.report, name="subagent")
+
+    def deliver(cur: Any) -> None:
+        store.append_in(
+            cur, "p", [message], turns=1, next_call_id=1, untrusted=True, reports=("sub-p-1",)
+        )
+
+    assert store.run_batch([("p", deliver)]) == [None]
+    assert store.background() == (other,)
+    assert store.open("p").transcript == (message,)
+    store.run_batch([("sub-p-2", lambda cur: store.drop_background_in(cur, "sub-p-2"))])
+    assert store.background() == ()
+
+
+def test_a_version_3_store_gains_the_background_table(db: Path) -> None:
+    with SessionStore(db) as store:
+        store.create("mm", BASELINE, 0)
+    with raw_db(db) as raw:  # made into version 3's: no background table
+        raw.execute("DROP TABLE background")
+        raw.execute("PRAGMA user_version = 3")
+    with SessionStore(db) as store:
+        assert store.background() == ()
+        assert store.open("mm").turns == 0
+    with raw_db(db) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (4,)
 
 
 def test_the_agent_is_stored_with_each_kind_of_session(store: Any) -> None:
@@ -999,7 +1040,7 @@ def test_a_version_1_postgresql_store_gains_the_agent_column(
         ]
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
-    assert row == (str(PG_SCHEMA_VERSION),) == ("2",)
+    assert row == (str(PG_SCHEMA_VERSION),) == ("3",)
 
 
 # --- Memory and scheduler state in a PostgreSQL that restarts or goes away --------------------

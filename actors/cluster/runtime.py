@@ -26,13 +26,13 @@ import pykka
 
 from actors.cluster.routing import shard_of
 from actors.cluster.shard import Shard
-from actors.core.config import Config
+from actors.core.config import Config, check_wait
 from actors.dispatcher.directory import Directory
 from actors.runtime import Runtime, check_outcome, check_turn, turn_timed_out
 from actors.services.events import Subscribers
 from actors.stores.open import open_store
 from actors.tools.tool import PortTool
-from messages import FailReason, TurnEvent, TurnFailed, TurnOutcome
+from messages import FailReason, TurnEvent, TurnFailed, TurnOutcome, check_session_id
 
 __all__ = ["ClusterRuntime", "ShardStartError"]
 
@@ -288,6 +288,19 @@ class ClusterRuntime(Runtime):
         ray = _ray()
         ref = self._shard(self.shard_of(session)).cancel.remote(session, timeout)
         return tuple(ray.get(ref, timeout=timeout + 5.0))
+
+    def wait_family(self, session: str, timeout: float | None = None) -> None:
+        """Wait on ``session``'s shard until its family is idle (see
+        :meth:`Runtime.wait_family`); ``TimeoutError`` after ``timeout`` seconds."""
+        check_session_id(session)
+        check_wait(timeout, "timeout")
+        self._check_open()
+        ray = _ray()
+        ref = self._shard(self.shard_of(session)).wait_family.remote(session, timeout)
+        try:
+            ray.get(ref, timeout=None if timeout is None else timeout + 5.0)
+        except (TimeoutError, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(f"the family of {session} was not idle within {timeout} s") from None
 
     def _poll(self, index: int) -> None:
         """Fetch shard ``index``'s events and call the subscribers, until the runtime stops."""

@@ -130,6 +130,11 @@ class Shard:
         """Cancel ``session``'s turn and its children's; the ids cancelled."""
         return self.runtime.cancel(session, timeout)
 
+    def wait_family(self, session: str, timeout: float | None) -> bool:
+        """Return once ``session``'s family is idle, background reports included."""
+        self.runtime.wait_family(session, timeout)
+        return True
+
     def fetch_events(self, epoch: str, after: int, wait_s: float) -> tuple[str, int, list[bytes]]:
         """Events above ``after`` (all of them if ``epoch`` is not this start's), waiting up
         to ``wait_s`` for the first; with this start's epoch and the last event number."""

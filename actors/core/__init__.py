@@ -5,7 +5,8 @@ What lives here: the configuration and its checks (``config``, the door, with it
 id rules (``dispatch``: routes, argument checks, child ids, depth and descent), agent profiles
 (``agents``), a turn's state machine (``turn``, its effects in ``turn_effects``, the session
 state it works on in ``session_state``), the Context's decisions (``context_state``, its
-effects in ``context_effects``, the hold table in ``holds``), the spawn rules (``spawn``), the
+effects in ``context_effects``, the hold table in ``holds``, background subagents in
+``background``), the spawn rules (``spawn``), the
 token budget (``budget``), usage sums (``usage``), the slot table (``slots``), which idle
 sessions to passivate (``passivation``), which scheduled jobs are due (``schedule``), text
 hygiene (``text``) and capped file reads (``files``).

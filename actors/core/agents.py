@@ -96,7 +96,9 @@ class Agents:
         for name in names:
             profile = config.agent(name)
             try:
-                view = registry.for_agent(profile.tools, catalogue)
+                view = registry.for_agent(
+                    profile.tools, catalogue, background=config.subagents.background
+                )
             except ValueError as exc:
                 raise ConfigError(f"agents.{name}.tools: {exc}") from None
             options = request_options(profile, config.model.backend, config.model.stream)

@@ -49,6 +49,7 @@ from actors.core.config_tables import (
     ServeConfig,
     SessionsConfig,
     StoreConfig,
+    SubagentsConfig,
 )
 from actors.core.files import read_regular_file
 from messages import SlotPool
@@ -76,6 +77,7 @@ __all__ = [
     "SlotPool",
     "SlotsConfig",
     "StoreConfig",
+    "SubagentsConfig",
     "check_backend",
     "check_base_url",
     "check_wait",
@@ -94,6 +96,7 @@ class Config(Section, frozen=True):
     model: ModelConfig = field(default_factory=ModelConfig)
     slots: SlotsConfig = field(default_factory=SlotsConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    subagents: SubagentsConfig = field(default_factory=SubagentsConfig)
     compact: CompactConfig = field(default_factory=CompactConfig)
     port: PortConfig = field(default_factory=PortConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

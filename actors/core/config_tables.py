@@ -1,5 +1,5 @@
-"""The tables of the runtime's own bounds: ``[loop]``, ``[compact]``, ``[port]``, ``[memory]``,
-``[runtime]``, ``[sessions]``, ``[store]`` and ``[cluster]``."""
+"""The tables of the runtime's own bounds: ``[loop]``, ``[subagents]``, ``[compact]``,
+``[port]``, ``[memory]``, ``[runtime]``, ``[sessions]``, ``[store]`` and ``[cluster]``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ __all__ = [
     "ServeConfig",
     "SessionsConfig",
     "StoreConfig",
+    "SubagentsConfig",
 ]
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -55,6 +56,19 @@ class LoopConfig(Section, frozen=True):
     token_budget: Annotated[int, Meta(ge=1)] | None = None
     """Prompt plus completion tokens one top-level turn may spend, its children's included;
     once spent, no further model request of that family is sent (none: no limit)."""
+
+
+class SubagentsConfig(Section, frozen=True):
+    """``[subagents]``: children that run in the background while their parent goes on."""
+
+    _key: ClassVar[str] = "subagents"
+
+    background: bool = False
+    """Offer ``background`` in the ``subagent`` tool: such a call resolves at once and the
+    child's outcome reaches the parent later, as a user message named ``subagent``."""
+    max_background: Annotated[int, Meta(ge=1)] = 8
+    """Background children one top-level session's family may have running at once; one more
+    is denied."""
 
 
 class CompactConfig(Section, frozen=True):

@@ -5,7 +5,8 @@ Most are one message to one place (:class:`Reply`, :class:`ToSession`, :class:`T
 :class:`ToModel`, :class:`Emit`). Three touch a session actor the shell holds
 (:class:`StartSession`, :class:`TellSession`, :class:`StopSession`), three a timer
 (:class:`StartTimer`, :class:`CancelTimer`, :class:`ArmSweep`), two the memory source
-(:class:`BuildBaseline`, :class:`UpdateMemory`).
+(:class:`BuildBaseline`, :class:`UpdateMemory`). :class:`Report` hands a background child's
+outcome back to the state.
 
 Two are questions the shell answers at once, before it carries out the next effect, by calling
 the state back: :class:`BuildBaseline` (``baseline_built`` or ``baseline_failed``) and
@@ -31,6 +32,7 @@ __all__ = [
     "Emit",
     "IfGone",
     "Reply",
+    "Report",
     "StartSession",
     "StartTimer",
     "StopSession",
@@ -162,6 +164,19 @@ class UpdateMemory:
     turns: int
 
 
+@dataclass(frozen=True)
+class Report:
+    """Question: background ``child`` of ``parent`` (its call ``call_id``) ended; ``text`` is
+    what the parent is told (None: it was cancelled with an ancestor, nothing is). Answer
+    ``report(parent, child, call_id, text, untrusted)``: the state stores it, then delivers."""
+
+    parent: str
+    child: str
+    call_id: int
+    text: str | None
+    untrusted: bool = False
+
+
 ContextEffect = (
     Reply
     | ToSession
@@ -176,5 +191,6 @@ ContextEffect = (
     | CancelTimer
     | ArmSweep
     | UpdateMemory
+    | Report
 )
 """Anything a :class:`~actors.core.context_state.ContextState` asks its actor to do."""

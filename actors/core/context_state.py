@@ -20,7 +20,10 @@ The rules it keeps:
 - a cancel reaches the session and every held descendant;
 - idle top-level sessions are passivated (``sessions.idle_s``, ``sessions.max_live``);
 - with ``loop.token_budget``, every model request of a family is counted and refused once the
-  family has spent the budget.
+  family has spent the budget;
+- background children (``[subagents] background``) are stored before they are answered, and
+  their reports before they are delivered (the rules are ``actors.core.background``'s, mixed
+  in as :class:`~actors.core.background.BackgroundSpawns`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from actors.core.agents import Agents
+from actors.core.background import Background, BackgroundSpawns
 from actors.core.budget import Budgets
 from actors.core.config import DEFAULT_AGENT, Config
 from actors.core.context_effects import (
@@ -58,6 +62,7 @@ from actors.core.passivation import IdleSessions
 from actors.core.session_state import store_failure_reason
 from actors.core.spawn import child_text
 from messages import (
+    BackgroundReport,
     Baseline,
     Cancel,
     CancelModelRequest,
@@ -114,7 +119,7 @@ class Live:
     """Its ``final_answer`` tool (a typed session), to check a turn's schema against."""
 
 
-class ContextState:
+class ContextState(BackgroundSpawns):
     """The Context's holds, live table, idle sessions, budgets and counters; what to do next.
 
     Each input returns the effects to carry out, in order. :class:`BuildBaseline` and
@@ -144,17 +149,19 @@ class ContextState:
         self.incarnations = itertools.count(1)
         self.spawns = itertools.count(1)
         self.requests = itertools.count(1)
+        self.background = Background(config.subagents.max_background)
 
     # Life cycle.
 
     def begin(self) -> Effects:
-        """The Context started: arm the first look for idle sessions."""
-        return self._arm_sweep()
+        """The Context started: arm the first look for idle sessions, and read what background
+        children the last run left."""
+        return self._arm_sweep() + self.load_background()
 
     def shut_down(self, detail: str) -> Effects:
         """The Context stops: answer every held turn CANCELLED and tell every running one to
         stop working."""
-        effects: Effects = []
+        effects: Effects = self._stop_waiting()
         for hold in self.holds.drain():
             if hold.answered:
                 continue
@@ -203,15 +210,24 @@ class ContextState:
             detail = f"session {msg.session} is busy: another turn holds it"
             return [Reply(msg.reply_to, TurnFailed(msg.session, FailReason.BUSY, detail))]
         self.idle.busy(msg.session)  # held: never passivated while its turn runs
+        return self._turn_held(hold)
+
+    def _hold_turn(self, hold: Hold) -> Effects:
+        """Hold and run a turn the Context starts itself (a background report's)."""
+        self.holds.hold(hold)  # the caller checked that nothing holds the session
+        self.idle.busy(hold.session)
+        return self._turn_held(hold)
+
+    def _turn_held(self, hold: Hold) -> Effects:
         if self.budgets is not None:
-            self.budgets.open(msg.session)
+            self.budgets.open(hold.session)
         return self._open(hold, self.config.slots.home_slot("main"))
 
     def scheduled(self, msg: ScheduledTurn) -> Effects:
         """A ``[[cron]]`` job or the heartbeat: a turn like a user's, unless the session or one
         of its descendants is held, when it is skipped."""
         # A job never piles onto a session that is busy, or waiting for its children.
-        busy = self.holds.family(msg.session)
+        busy = self.busy_for_job(msg.session)
         if busy:
             skipped = JobSkipped(session=msg.session, job=msg.job, held=busy)
             return [Emit(skipped), Reply(msg.reply_to, skipped)]
@@ -251,6 +267,9 @@ class ContextState:
         if msg.agent not in self.agents:  # the session checks first; answer all the same
             detail = f"unknown agent: {msg.agent}"
             return self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, detail))
+        denial = self._background_denial(msg) if msg.background else None
+        if denial is not None:
+            return self._deny(msg, denial)
         text = child_text(msg.task, self.config.loop.tool_result_cap, self.clock())
         spawn = next(self.spawns)
         hold = Hold(
@@ -266,13 +285,21 @@ class ContextState:
         if not self.holds.hold(hold):
             detail = f"session {child} is held already"
             return hold.failure(FailReason.BUSY, detail, turn_began=False)
-        effects: Effects = [Emit(SubagentStarted(msg.parent, msg.call_id, child, agent=msg.agent))]
+        if msg.background:  # stored first, then answered and started
+            return self._store_background(hold)
+        started = SubagentStarted(msg.parent, msg.call_id, child, agent=msg.agent)
+        return self._launch(hold, started)
+
+    def _launch(self, hold: Hold, started: SubagentStarted) -> Effects:
+        """Start held child ``hold``: the event, its timer, its baseline (then its actor)."""
+        child = hold.session
+        effects: Effects = [Emit(started)]
         timeout = self.config.loop.child_timeout_s
         if timeout is not None:
-            effects.append(StartTimer(child, spawn, timeout))
+            effects.append(StartTimer(child, hold.spawn, timeout))
         # SPEC 5, steps 2 and 4: a child's id is always new, so it needs its baseline now.
         hold.slot = self.config.slots.home_slot("background")
-        hold.output = self.agents.get(msg.agent).output
+        hold.output = self.agents.get(hold.agent or DEFAULT_AGENT).output
         effects.append(self._build_baseline(hold))
         return effects
 
@@ -426,10 +453,15 @@ class ContextState:
         detail = f"could not start the session actor: {detail}"
         return effects + hold.failure(FailReason.CRASHED, detail)
 
+    def _running(self, hold: Hold) -> bool:
+        """True if ``hold``'s turn has been told to the live actor that runs it."""
+        live = self.live.get(hold.session)
+        return live is not None and hold.incarnation != 0 and live.incarnation == hold.incarnation
+
     def _tell_live(
         self,
         hold: Hold,
-        message: RunTurn | Cancel,
+        message: RunTurn | Cancel | BackgroundReport,
         *,
         then: tuple[ContextEffect, ...] = (),
         if_gone: IfGone = IfGone.NOTHING,
@@ -470,9 +502,13 @@ class ContextState:
         effects: Effects = []
         if hold is None:
             return effects
+        if hold.is_child:
+            self.background.end(session)
+        else:
+            self.background.returned(hold)  # reports it was told and did not store wait again
         if hold.is_child and self.config.loop.child_timeout_s is not None:
             effects.append(CancelTimer(session))
-        elif not hold.is_child and self.budgets is not None:
+        if self.budgets is not None and (hold.background or not hold.is_child):
             self.budgets.close(session)
         return effects
 
@@ -480,6 +516,7 @@ class ContextState:
 
     def turn_ended(self, msg: SessionTurnEnded) -> Effects:
         """A session's turn ended: route its outcome to the user or to the parent's call."""
+        self.background.delivered(msg.reports)
         hold = self.holds.get(msg.session)
         if hold is None:
             # Answered already (a cancel that found the child's actor retired just before
@@ -502,7 +539,7 @@ class ContextState:
             if msg.session in self.live:
                 self.idle.idle(msg.session, self.clock().timestamp())
             effects.append(Reply(hold.reply_to, outcome))
-            return effects
+            return effects + self._deliver(msg.session)  # reports waiting for it: a new turn
         effects.append(UpdateMemory(msg.session, msg.turns))
         if hold.answered:
             return effects
@@ -537,6 +574,7 @@ class ContextState:
 
     def crashed(self, msg: SessionCrashed) -> Effects:
         """A session actor failed or was stopped during a turn: its waiter hears ``crashed``."""
+        self.background.delivered(msg.reports)
         hold, effects = self._forget(msg.session, msg.incarnation)
         if hold is not None:
             effects += hold.failure(FailReason.CRASHED, msg.detail)
@@ -597,6 +635,8 @@ class ContextState:
             hold = self.holds.get(held)
             if hold is None:
                 continue
+            if hold.background and held != session:
+                hold.silent = True  # cancelled with an ancestor: it reports nothing
             # A live session answers through SessionTurnEnded; one still opening (no actor
             # yet to tell) is let go and answered here.
             answer = () if hold.answered else tuple(hold.failure(reason, detail))

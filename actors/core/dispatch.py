@@ -37,6 +37,7 @@ __all__ = [
     "dispatch",
     "parse_json_object",
     "parse_subagent_arguments",
+    "parse_subagent_call",
     "subagent_spec",
     "unwrap_call_tool",
 ]
@@ -121,6 +122,8 @@ class SpawnChild:
 
     task: str
     agent: str = DEFAULT_AGENT
+    background: bool = False
+    """The call resolves at once; the child's outcome is reported later (``[subagents]``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +145,29 @@ Route = Answered | SpawnChild | ToPort | Remember
 """Where one tool call goes."""
 
 
-def subagent_spec(agents: Mapping[str, str]) -> ToolSpec:
+BACKGROUND_PROPERTY = {
+    "type": "boolean",
+    "description": (
+        "true: return at once and let the child work in the background; its outcome arrives "
+        "later as a message named subagent (default: false, wait for the child)."
+    ),
+}
+"""The ``background`` argument of ``subagent``, offered with ``[subagents] background``."""
+
+
+def subagent_spec(agents: Mapping[str, str], background: bool = False) -> ToolSpec:
     """The ``subagent`` tool as the model sees it. With no ``agents`` (no profile but
-    ``default``) it is SPEC's: ``task`` alone. Otherwise ``agent`` is offered too: an ``enum``
-    of the profile names, described one per line."""
+    ``default``) and no ``background`` it is SPEC's: ``task`` alone. Otherwise ``agent`` is
+    offered too: an ``enum`` of the profile names, described one per line; with
+    ``background`` (``[subagents] background``), the boolean ``background``."""
+    if background:
+        spec = subagent_spec(agents)
+        parameters = dict(spec.parameters)
+        parameters["properties"] = {
+            **spec.parameters["properties"],
+            "background": BACKGROUND_PROPERTY,
+        }
+        return ToolSpec(SUBAGENT, spec.description, parameters)
     if not agents:
         return SUBAGENT_SPEC
     lines = [f"- {name}: {text}" if text else f"- {name}" for name, text in agents.items()]
@@ -181,17 +203,24 @@ class Registry:
         self._port = port
         self._allowed: frozenset[str] | None = None
         self._agents: dict[str, str] = {}
+        self._background = False
 
     def for_agent(
-        self, allowed: Iterable[str] | None, agents: Mapping[str, str] | None = None
+        self,
+        allowed: Iterable[str] | None,
+        agents: Mapping[str, str] | None = None,
+        *,
+        background: bool = False,
     ) -> Registry:
         """This registry as one profile sees it: only the tools in ``allowed`` (None: all),
         and ``agents`` (name: description) as what ``subagent``'s ``agent`` may name (none:
-        the argument is not offered). ``ValueError`` for a name that is no tool here."""
+        the argument is not offered); ``background`` offers ``subagent``'s ``background``.
+        ``ValueError`` for a name that is no tool here."""
         view = Registry.__new__(Registry)
         view._port = self._port
         view._allowed = None if allowed is None else frozenset(allowed)
         view._agents = dict(agents or {})
+        view._background = background
         unknown = sorted((view._allowed or frozenset()) - set(self.names()))
         if unknown:
             raise ValueError(f"no such tool: {', '.join(unknown)}")
@@ -206,6 +235,11 @@ class Registry:
         """The profiles a ``subagent`` call may name, with their descriptions (maybe none)."""
         return self._agents
 
+    @property
+    def background(self) -> bool:
+        """Whether ``subagent`` takes ``background`` (``[subagents] background``)."""
+        return self._background
+
     def allows(self, name: str) -> bool:
         """True if this view may list and run ``name`` (a registered tool or not)."""
         return self._allowed is None or name in self._allowed
@@ -218,7 +252,8 @@ class Registry:
         if self._specs is not None:
             return self._specs
         builtin = tuple(
-            subagent_spec(self._agents) if spec.name == SUBAGENT else spec for spec in self.BUILTIN
+            subagent_spec(self._agents, self._background) if spec.name == SUBAGENT else spec
+            for spec in self.BUILTIN
         )
         every = builtin + tuple(self._port[name] for name in sorted(self._port))
         self._specs = tuple(spec for spec in every if self.allows(spec.name))
@@ -283,6 +318,36 @@ def parse_subagent_arguments(
     return task, agent
 
 
+def parse_subagent_call(
+    arguments: str, agents: Mapping[str, str] | None = None, *, background: bool = False
+) -> SpawnChild:
+    """A ``subagent`` call's route, its arguments checked in the order SPEC 5 gives.
+
+    Without ``background`` it is :func:`parse_subagent_arguments`'s. With it, the key
+    ``background`` is known too and checked after ``task``: ``background must be a boolean``.
+    """
+    if not background:
+        return SpawnChild(*parse_subagent_arguments(arguments, agents))
+    value = parse_json_object(arguments)
+    known = ("task", "background", "agent") if agents else ("task", "background")
+    for key in value:
+        if key not in known:
+            raise ArgumentError(f"unknown field: {key}")
+    if "task" not in value:
+        raise ArgumentError("task is required")
+    task = value["task"]
+    if not isinstance(task, str):
+        raise ArgumentError("task must be a string")
+    in_background = value.get("background", False)
+    if not isinstance(in_background, bool):
+        raise ArgumentError("background must be a boolean")
+    if not agents:
+        return SpawnChild(task, DEFAULT_AGENT, in_background)
+    without = {k: v for k, v in value.items() if k != "background"}
+    _task, agent = parse_subagent_arguments(msgspec.json.encode(without).decode(), agents)
+    return SpawnChild(task, agent, in_background)
+
+
 def unwrap_call_tool(arguments: str) -> tuple[str, str]:
     """The inner ``(name, arguments)`` of a ``call_tool`` call.
 
@@ -343,8 +408,7 @@ def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Ro
             _check_clock_arguments(arguments)
             return Answered(clock_text(now))
         if name == SUBAGENT:
-            task, agent = parse_subagent_arguments(arguments, registry.agents)
-            return SpawnChild(task, agent)
+            return parse_subagent_call(arguments, registry.agents, background=registry.background)
         if name == REMEMBER:
             return Remember(_one_string(arguments, "text"))
     except ArgumentError as exc:

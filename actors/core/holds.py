@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actors.core.config import DEFAULT_AGENT
-from actors.core.context_effects import ContextEffect, Emit, Reply, ToSession
+from actors.core.context_effects import ContextEffect, Emit, Reply, Report, ToSession
 from actors.core.dispatch import descends_from
 from actors.core.spawn import child_summary
 from actors.core.text import neutralise
+from actors.core.turn import subagent_result_text
 from messages import (
+    BackgroundReport,
+    BackgroundRow,
     Baseline,
     ChatMessage,
     CreateChild,
@@ -67,6 +70,12 @@ class Hold:
     output: ToolSpec | None = None
     """The ``final_answer`` tool asked for (a typed turn): a new session is created with it;
     a typed child's JSON reaches its parent uncut."""
+    background: bool = False
+    """A background child that was answered ``started``: its outcome is a :class:`Report`."""
+    silent: bool = False
+    """A background child cancelled with its parent or an ancestor: it reports nothing."""
+    reports: tuple[BackgroundRow, ...] = ()
+    """A turn the Context runs for background reports: the reports it delivers."""
 
     @property
     def is_child(self) -> bool:
@@ -76,7 +85,19 @@ class Hold:
     def run_turn(self) -> RunTurn:
         """What the session actor is told to run this turn on a session it has (stored)."""
         pool: SlotPool = "background" if self.is_child else "main"
-        return RunTurn(self.text, self.speaker, pool=pool, trace=self.trace)
+        reports = tuple(
+            BackgroundReport(r.parent, r.child, r.report or "", r.untrusted) for r in self.reports
+        )
+        return RunTurn(self.text, self.speaker, pool=pool, trace=self.trace, reports=reports)
+
+    def _to_parent(self, reply: SubagentCompleted | SubagentFailed) -> ContextEffect:
+        """Where a child's answer goes: the parent's pending call, or (a background child's)
+        a :class:`Report` to store and deliver."""
+        assert self.parent is not None
+        if not self.background:
+            return ToSession(self.parent, reply)
+        text = None if self.silent else subagent_result_text(reply)
+        return Report(self.parent, self.session, self.call_id, text, reply.untrusted)
 
     def first_run(self, baseline: Baseline, reply_to: str) -> tuple[SessionRecord, RunTurn]:
         """A new child's record, not stored yet, and its first turn on it.
@@ -137,7 +158,7 @@ class Hold:
             reason=reason,
         )
         failed = SubagentFailed(self.parent, self.call_id, self.session, reason, False, detail)
-        effects += [Emit(finished), ToSession(self.parent, failed)]
+        effects += [Emit(finished), self._to_parent(failed)]
         return effects
 
     def child_answer(
@@ -178,7 +199,7 @@ class Hold:
             completed=reason is None,
             reason=reason,
         )
-        return [Emit(finished), ToSession(self.parent, reply)]
+        return [Emit(finished), self._to_parent(reply)]
 
 
 class HoldTable:

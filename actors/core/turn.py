@@ -28,7 +28,7 @@ included, without a thread. The rules it keeps:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -72,6 +72,7 @@ from actors.core.turn_effects import (
 )
 from actors.core.usage import add_usage
 from messages import (
+    BackgroundReport,
     ChatMessage,
     Compacted,
     CompactionFailed,
@@ -103,6 +104,7 @@ __all__ = [
     "SUMMARY_PREFIX",
     "Limits",
     "Turn",
+    "report_message",
     "subagent_result_text",
 ]
 
@@ -150,6 +152,15 @@ def _stored(usage: Usage) -> Usage | None:
     return usage if usage != Usage() else None
 
 
+CHILD_BACKGROUND = "only a top-level session runs subagents in the background; call without it"
+"""The detail of the denial of a background call from a child session."""
+
+
+def report_message(report: BackgroundReport) -> ChatMessage:
+    """The user message, named ``subagent``, that carries a background child's outcome."""
+    return ChatMessage(role="user", content=report.text, name="subagent")
+
+
 def subagent_result_text(result: SubagentResult) -> str:
     """The parent's tool text for a child's outcome: ``<child> completed\\n<summary>`` or failed."""
     if isinstance(result, SubagentCompleted):
@@ -189,14 +200,25 @@ class Turn:
     """What the turn has spent so far: its own requests and its children's turns."""
     output: FinalAnswer | None = None
     """A typed session's tries (``actors.core.output``); None: the turn ends in text."""
+    _reports: list[BackgroundReport] = field(default_factory=list)  # told, not yet stored
+    issued_reports: list[str] = field(default_factory=list)
+    """Background children whose reports this turn has sent to the store in its transcript."""
 
     # Inputs.
 
-    def start(self, text: str, speaker: str | None = None, *, stored: bool = False) -> list[Effect]:
+    def start(
+        self,
+        text: str,
+        speaker: str | None = None,
+        *,
+        stored: bool = False,
+        reports: tuple[BackgroundReport, ...] = (),
+    ) -> list[Effect]:
         """Begin the turn with the user's ``text``.
 
         ``stored``: the session was created with ``text`` as its last message and this turn
-        counted (a new child), so the turn asks the model at once.
+        counted (a new child), so the turn asks the model at once. ``reports``: background
+        reports this turn delivers, ``text`` being the first one's (the others follow it).
         """
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
@@ -209,7 +231,24 @@ class Turn:
         repairs = repair_results(self.state, self.registry, self.clock())
         user = ChatMessage(role="user", content=text, name=speaker)
         self._turn_start = len(self.state.transcript) + len(repairs)
-        return [event, *self._save((*repairs, user), self._ask)]
+        more = tuple(report_message(r) for r in reports[1:])
+        children = self._take_reports(reports)
+        return [event, *self._save((*repairs, user, *more), self._ask, children)]
+
+    def report(self, report: BackgroundReport) -> list[Effect]:
+        """A background child's outcome for this running turn: it goes into the transcript
+        before the next model request. A turn that asks the model no more leaves it out of
+        :attr:`issued_reports` (the Context then runs it as a new turn)."""
+        if self.outcome is None and not self.done:
+            self._reports.append(report)
+        return []
+
+    def _take_reports(self, reports: Iterable[BackgroundReport]) -> tuple[str, ...]:
+        children = tuple(r.child for r in reports)
+        if any(r.untrusted for r in reports):
+            self.state.untrusted = True  # the child's text is in the parent's context now
+        self.issued_reports += children
+        return children
 
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
@@ -417,12 +456,15 @@ class Turn:
         return request_id
 
     def _save(
-        self, messages: tuple[ChatMessage, ...], then: Callable[[], list[Effect]]
+        self,
+        messages: tuple[ChatMessage, ...],
+        then: Callable[[], list[Effect]],
+        reports: tuple[str, ...] = (),
     ) -> list[Effect]:
         self.state.extend(messages)
         self.phase = _Phase.SAVING
         self._after_save = then
-        return [Persist(self._next_id(), messages)]
+        return [Persist(self._next_id(), messages, reports)]
 
     def _number(self, proposed: ProposedCall) -> ToolCall:
         """The next call id for ``proposed``; arguments a server could not parse are kept aside."""
@@ -454,6 +496,10 @@ class Turn:
         return self._send()
 
     def _send(self) -> list[Effect]:
+        if self._reports:  # background reports go in first: the prompt is only extended
+            reports, self._reports = tuple(self._reports), []
+            messages = tuple(report_message(r) for r in reports)
+            return self._save(messages, self._send, self._take_reports(reports))
         self.step += 1
         self.phase = _Phase.ASKING
         self._asked_len = len(self.state.transcript)
@@ -518,7 +564,10 @@ class Turn:
         if nth > self.limits.max_children:
             detail = f"one answer may start {self.limits.max_children} children (loop.max_children)"
             return Answered(denial_message(DenyReason.LIMIT, detail), True)
-        effects.append(Spawn(call_id, child, route.task, route.agent))
+        if route.background and depth_of(self.state.id) > 0:
+            # A child's turn ends once; nothing would be left to hear its background child.
+            return Answered(denial_message(DenyReason.LIMIT, CHILD_BACKGROUND), True)
+        effects.append(Spawn(call_id, child, route.task, route.agent, route.background))
         return None
 
     def _maybe_continue(self) -> list[Effect]:

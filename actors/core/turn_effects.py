@@ -33,6 +33,8 @@ class Persist:
 
     request_id: int
     messages: tuple[ChatMessage, ...]
+    reports: tuple[str, ...] = ()
+    """Background children whose reports ``messages`` deliver (their rows go with them)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Spawn:
     child: str
     task: str
     agent: str = "default"
+    background: bool = False
+    """Answered at once by the Context; the outcome is reported later."""
 
 
 @dataclass(frozen=True)

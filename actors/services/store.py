@@ -34,6 +34,13 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.sqlite import SessionStore
+from messages.background import (
+    BackgroundLoaded,
+    BackgroundSaved,
+    DropBackground,
+    LoadBackground,
+    SaveBackground,
+)
 from messages.runtime import (
     Appended,
     AppendMessages,
@@ -50,11 +57,27 @@ __all__ = ["StoreActor", "StoreRequest"]
 log = logging.getLogger(__name__)
 
 
-StoreRequest = OpenSession | CreateChild | AppendMessages | CompactHistory
+StoreRequest = (
+    OpenSession
+    | CreateChild
+    | AppendMessages
+    | CompactHistory
+    | SaveBackground
+    | DropBackground
+    | LoadBackground
+)
 """What the store actor answers."""
 
 
-_REQUESTS = (OpenSession, CreateChild, AppendMessages, CompactHistory)
+_REQUESTS = (
+    OpenSession,
+    CreateChild,
+    AppendMessages,
+    CompactHistory,
+    SaveBackground,
+    DropBackground,
+    LoadBackground,
+)
 
 
 class _Inbox(SimpleInbox):
@@ -187,7 +210,14 @@ class StoreActor(pykka.ThreadingActor):
                 turns=msg.turns,
                 next_call_id=msg.next_call_id,
                 untrusted=msg.untrusted,
+                reports=msg.reports,
             )
+        if isinstance(msg, SaveBackground):
+            return lambda cur: store.save_background_in(cur, msg.row)
+        if isinstance(msg, DropBackground):
+            return lambda cur: store.drop_background_in(cur, msg.session)
+        if isinstance(msg, LoadBackground):
+            return store.load_background_in
         if isinstance(msg, CompactHistory):
             return lambda cur: store.compact_in(cur, msg.session, msg.summary)
         if isinstance(msg, CreateChild):
@@ -217,6 +247,13 @@ class StoreActor(pykka.ThreadingActor):
 
     def _reply(self, msg: StoreRequest, result: Any) -> Any:
         rid = msg.request_id
+        if isinstance(msg, SaveBackground | DropBackground):
+            error = str(result) if isinstance(result, Exception) else ""
+            return BackgroundSaved(msg.session, rid, error)
+        if isinstance(msg, LoadBackground):
+            if isinstance(result, Exception):
+                return BackgroundLoaded((), rid, str(result))
+            return BackgroundLoaded(result, rid)
         if isinstance(result, Exception):
             failed = self._failed(msg.session, result, rid)
             if isinstance(msg, OpenSession | CreateChild):

@@ -27,6 +27,7 @@ from actors.core.context_effects import (
     ContextEffect,
     Emit,
     Reply,
+    Report,
     StartSession,
     StartTimer,
     StopSession,
@@ -46,6 +47,8 @@ from actors.sessions.session import SessionActor, SessionEnv
 from actors.stores.base import StoreError
 from actors.stores.memory import MemorySource
 from messages import (
+    BackgroundLoaded,
+    BackgroundSaved,
     Baseline,
     CancelModelRequest,
     CancelTurn,
@@ -67,6 +70,7 @@ from messages import (
     TokensSpent,
     ToolDone,
     ToolResult,
+    WaitFamily,
 )
 
 BASELINES_KEPT = 16
@@ -167,7 +171,7 @@ class ContextActor(DispatchedActor):
             return None
         elif isinstance(message, CancelTurn):
             family, effects = state.cancel(message.session, FailReason.CANCELLED, message.detail)
-            self._carry_out(effects)
+            self._carry_out(effects + state.settle())
             return family
         elif isinstance(message, ChildTimedOut):
             effects = state.timed_out(message)
@@ -181,10 +185,18 @@ class ContextActor(DispatchedActor):
             effects = state.tokens_spent(message)
         elif isinstance(message, Inspect):
             return state.status()
+        elif isinstance(message, BackgroundSaved):
+            effects = state.background_saved(message)
+        elif isinstance(message, BackgroundLoaded):
+            effects = state.background_loaded(message)
+        elif isinstance(message, WaitFamily):
+            effects = state.wait_family(message)
         else:
             log.warning("context: unexpected message %r", message)
             return None
         self._carry_out(effects)
+        if state.background.waiters:  # someone waits for a family to go idle
+            self._carry_out(state.settle())
         return None
 
     def _carry_out(self, effects: list[ContextEffect]) -> None:
@@ -230,6 +242,12 @@ class ContextActor(DispatchedActor):
                     self.sweep.cancel()
                 self.sweep = self.dispatcher.call_later(
                     effect.seconds, functools.partial(self._tell_me, Tick())
+                )
+            elif isinstance(effect, Report):
+                self._carry_out(
+                    self.state.report(
+                        effect.parent, effect.child, effect.call_id, effect.text, effect.untrusted
+                    )
                 )
             elif isinstance(effect, UpdateMemory):
                 try:

@@ -44,6 +44,7 @@ from actors.tracing.base import NoTracer, Tracer
 from messages import (
     Appended,
     AppendMessages,
+    BackgroundReport,
     Cancel,
     CancelModelRequest,
     CancelPortCall,
@@ -159,7 +160,10 @@ class SessionActor(DispatchedActor):
         turn, self.turn = self.turn, None
         # Report first: if the fault that stopped us strikes again below, the Context has
         # still heard, and its waiter is answered.
-        self.env.directory.tell(CONTEXT, SessionCrashed(self.state.id, detail, self.incarnation))
+        crashed = SessionCrashed(
+            self.state.id, detail, self.incarnation, tuple(turn.issued_reports)
+        )
+        self.env.directory.tell(CONTEXT, crashed)
         try:
             effects = turn.cancel(FailReason.CRASHED, detail)
             # Store the results that keep the transcript valid and stop the work in flight;
@@ -182,6 +186,8 @@ class SessionActor(DispatchedActor):
             self.env.directory.tell(CONTEXT, TokensSpent(self.state.id, message.usage))
         turn = self.turn
         if turn is None:
+            # A background report for a turn that just ended: the Context hears the turn did
+            # not store it (SessionTurnEnded.reports) and runs it as a new turn.
             log.debug("%s: no turn for %s", self.state.id, type(message).__name__)
             return None
         if isinstance(message, Appended):
@@ -201,6 +207,8 @@ class SessionActor(DispatchedActor):
             effects = turn.subagent_result(message)
         elif isinstance(message, Cancel):
             effects = turn.cancel(message.reason, message.detail)
+        elif isinstance(message, BackgroundReport):
+            effects = turn.report(message)
         else:
             log.warning("%s: unexpected message %r", self.state.id, message)
             return None
@@ -217,7 +225,11 @@ class SessionActor(DispatchedActor):
         self.create = message.create
         self.text = message.text
         self.turn = self._new_turn()
-        self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
+        self._carry_out(
+            self.turn.start(
+                message.text, message.speaker, stored=message.stored, reports=message.reports
+            )
+        )
 
     def _created(self, turn: Turn, message: SessionLoaded) -> list[Effect]:
         """The store's answer to this child's first write (its CreateChild)."""
@@ -274,6 +286,7 @@ class SessionActor(DispatchedActor):
                         s.next_call_id,
                         s.untrusted,
                         self.address,
+                        effect.reports,
                     ),
                 )
             elif isinstance(effect, RequestModel):
@@ -316,16 +329,24 @@ class SessionActor(DispatchedActor):
             elif isinstance(effect, Spawn):
                 trace = self.env.tracer.call_trace(s.id, effect.call_id)
                 request = SubagentRequest(
-                    s.id, effect.call_id, effect.task, s.untrusted, effect.agent, trace
+                    s.id,
+                    effect.call_id,
+                    effect.task,
+                    s.untrusted,
+                    effect.agent,
+                    trace,
+                    effect.background,
                 )
                 tell(CONTEXT, request)
             elif isinstance(effect, Compact):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):
+                delivered = tuple(self.turn.issued_reports) if self.turn is not None else ()
                 self.turn = None
                 if self.create is not None:  # it ends before it stored anything: store that
                     tell(STORE, self._first_write(0, ()))
-                tell(CONTEXT, SessionTurnEnded(s.id, effect.outcome, s.turns, s.untrusted))
+                ended = SessionTurnEnded(s.id, effect.outcome, s.turns, s.untrusted, delivered)
+                tell(CONTEXT, ended)
                 if s.parent is not None:
                     # A child runs one turn. It stops itself here, on this thread, rather than
                     # wait for a stop from the Context (a message each way for nothing).

@@ -113,7 +113,9 @@ def _exit_on_sigterm() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """One turn against a real endpoint: the answer on stdout, events on stderr.
+    """One turn against a real endpoint: the answer on stdout, events on stderr. With
+    ``[subagents] background`` it also waits (within ``--timeout``) for the session's family:
+    its background children and the turns their reports run.
 
     The answer and the events are shown with control characters escaped (a model cannot drive
     the terminal); the store keeps them as they were. Scheduled jobs never run here.
@@ -135,6 +137,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             outcome = rt.run_turn(
                 args.session, args.text, timeout=args.timeout, agent=args.agent, output=schema
             )
+            if config.subagents.background:  # its background children report before the exit
+                rt.wait_family(args.session, timeout=args.timeout)
         except TimeoutError:
             return _timed_out(rt, args)
     if args.json:

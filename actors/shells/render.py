@@ -69,8 +69,8 @@ def _describe(event: TurnEvent) -> str:
             return f"  call {call_id} {name} {'denied' if denied else 'done'}"
         case ToolWorkerLost(call_id=call_id, name=name, stuck=stuck):
             return f"  call {call_id} {name} did not stop: worker replaced ({stuck} stuck)"
-        case SubagentStarted(child=child, call_id=call_id):
-            return f"┬ spawns {child} for call {call_id}"
+        case SubagentStarted(child=child, call_id=call_id, background=background):
+            return f"┬ spawns {child} for call {call_id}" + (" (background)" if background else "")
         case SubagentFinished(child=child, completed=completed, reason=reason):
             return f"┴ {child} {'completed' if completed else f'failed ({reason})'}"
         case TurnEnded(completed=True):

@@ -23,6 +23,7 @@ import pykka
 import actors
 import messages
 from actors.core.config import Config, check_wait
+from actors.core.dispatch import descends_from
 from actors.core.text import escape_controls, redact
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.runtime import Runtime
@@ -234,6 +235,23 @@ class Helpers:
         finally:
             unsubscribe()
 
+    def wait(self, session: str, timeout: float = 120) -> None:
+        """Wait until ``session`` and its descendants are idle and no background report for
+        them is pending (``rt.wait_family``), printing their events live (unless ``tail`` is
+        on): how the REPL shows background children at work after the turn that started
+        them. ``TimeoutError`` after ``timeout`` seconds."""
+
+        def watch(event: TurnEvent) -> None:
+            ours = event.session == session or descends_from(event.session, session)
+            if ours and not self.tailing:
+                _print_event(event)
+
+        unsubscribe = self.rt.subscribe(watch)
+        try:
+            self.rt.wait_family(session, timeout)
+        finally:
+            unsubscribe()
+
     def _interrupted(self, session: str) -> TurnFailed:
         """Ctrl-C during ``turn``: cancel the turn and its children, say so in one line."""
         cancelled = self.rt.cancel(session)
@@ -335,6 +353,7 @@ class Helpers:
             "live": self.live,
             "turn": self.turn,
             "send": self.send,
+            "wait": self.wait,
             "tell": self.tell,
             "ask": self.ask,
             "show": self.show,
@@ -351,6 +370,7 @@ _HELP = [
     ("live()", "the ids with a live actor (the rest are only stored)"),
     ("turn(session, text)", "run a turn, its events printed live"),
     ("send(session, text)", "start a turn, don't wait"),
+    ("wait(session)", "until its family is idle, background children included"),
     ("tell(address, message)", 'tell an actor: "context", "demo" (= "session:demo")'),
     ("ask(address, message)", 'its answer: ask("demo", Inspect()).turns'),
     ("show(session)", "a stored transcript"),

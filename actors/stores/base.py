@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from messages.background import BackgroundRow
 from messages.chat import Baseline, ChatMessage
 from messages.runtime import SessionRecord
 
@@ -84,8 +85,22 @@ class StoreBackend(Protocol):
         turns: int,
         next_call_id: int,
         untrusted: bool,
+        reports: Sequence[str] = (),
     ) -> None:
-        """Append messages and save the counters of ``id``."""
+        """Append messages and save the counters of ``id``; drop the background rows of
+        ``reports`` (delivered by these messages)."""
+        ...
+
+    def save_background_in(self, cur: Any, row: BackgroundRow) -> None:
+        """Store a background child's row (insert, or replace it)."""
+        ...
+
+    def drop_background_in(self, cur: Any, child: str) -> None:
+        """Forget a background child's row."""
+        ...
+
+    def load_background_in(self, cur: Any) -> tuple[BackgroundRow, ...]:
+        """Every background row, oldest first (by the time it was last stored)."""
         ...
 
     def compact_in(self, cur: Any, id: str, summary: ChatMessage) -> None:

@@ -45,6 +45,17 @@ _TABLES = (
 )""",
 )
 
+# Background children (``[subagents] background``): one row per child, while it runs
+# (``report`` NULL) and then while its report waits for the parent's transcript.
+_BACKGROUND = """CREATE TABLE {exists}{t}background (
+    child     TEXT PRIMARY KEY NOT NULL,
+    parent    TEXT NOT NULL,
+    call_id   {bigint} NOT NULL,
+    report    TEXT,
+    untrusted {flag} NOT NULL DEFAULT {false}{untrusted_check},
+    at        TEXT NOT NULL
+)"""
+
 
 class Dialect:
     """What differs between two SQL databases, as the session logic sees it.
@@ -103,6 +114,15 @@ class Dialect:
         )
         """The three session tables' ``CREATE TABLE`` statements; the sessions table's name
         is left as ``{sessions}`` (a migration builds it under another name first)."""
+        self.background_table = _BACKGROUND.format(
+            exists="IF NOT EXISTS " if if_not_exists else "",
+            t=prefix,
+            bigint=bigint,
+            flag=flag,
+            false="0" if flag_check else "FALSE",
+            untrusted_check=" CHECK (untrusted IN (0, 1))" if flag_check else "",
+        )
+        """The background children's table (SQLite schema version 4, PostgreSQL's 3)."""
         self.q = _Statements(self)
 
     def sql(self, text: str) -> str:
@@ -157,4 +177,13 @@ class _Statements:
         )
         self.live = q(
             "SELECT seq, body FROM {t}messages WHERE session = ? AND NOT compacted ORDER BY seq"
+        )
+        self.save_background = q(
+            "INSERT INTO {t}background (child, parent, call_id, report, untrusted, at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (child) DO UPDATE SET"
+            " report = excluded.report, untrusted = excluded.untrusted, at = excluded.at"
+        )
+        self.drop_background = q("DELETE FROM {t}background WHERE child = ?")
+        self.load_background = q(
+            "SELECT child, parent, call_id, report, untrusted FROM {t}background ORDER BY at, child"
         )

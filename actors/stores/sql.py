@@ -34,6 +34,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
+from actors.stores.background_rows import BackgroundRows
 from actors.stores.base import (
     SessionExists,
     SessionInfo,
@@ -84,7 +85,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore:
+class SqlSessionStore(BackgroundRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;
@@ -100,6 +101,8 @@ class SqlSessionStore:
 
     dialect: Dialect
     """The database's dialect (a class attribute of each store)."""
+
+    _now = staticmethod(now)
 
     # Class defaults, so a subclass that opens its connection its own way (a read-only view)
     # still has them: the connection, the decoded baselines, the last baseline written.
@@ -415,8 +418,12 @@ class SqlSessionStore:
         turns: int,
         next_call_id: int,
         untrusted: bool,
+        reports: Sequence[str] = (),
     ) -> None:
-        """:meth:`append` inside the caller's transaction (for :meth:`run_batch`)."""
+        """:meth:`append` inside the caller's transaction (for :meth:`run_batch`).
+
+        ``reports`` names background children whose reports ``messages`` deliver: their rows
+        go in the same transaction, so each report is delivered once."""
         q = self.dialect.q
         # The hot path of every turn: read the one counter it checks, not the baseline.
         row = cur.execute(q.next_call_id, (id,)).fetchone()
@@ -432,6 +439,8 @@ class SqlSessionStore:
         at = now()
         self._insert_messages(cur, id, messages, at)
         cur.execute(q.counters, (turns, next_call_id, bool(untrusted), at, id))
+        for child in reports:  # delivered with these messages: in this transcript, not stored
+            cur.execute(q.drop_background, (child,))
 
     def compact(self, id: str, summary: ChatMessage) -> None:
         """Replace ``id``'s live history by ``summary``, in one transaction.

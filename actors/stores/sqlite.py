@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
-in ``sessions``, no ``parent``) and version 2 (no ``agent``) are migrated when a store is
-opened; a session stored before version 3 runs the ``default`` agent."""
+in ``sessions``, no ``parent``), version 2 (no ``agent``) and version 3 (no ``background``
+table) are migrated when a store is opened; a session stored before version 3 runs the
+``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -155,7 +156,7 @@ class SessionStore(SqlSessionStore):
             if version == 0:
                 known = conn.execute(
                     "SELECT name FROM sqlite_master WHERE name IN"
-                    " ('sessions', 'messages', 'baselines')"
+                    " ('sessions', 'messages', 'baselines', 'background')"
                 ).fetchall()
                 if known:
                     raise StoreError(
@@ -171,6 +172,8 @@ class SessionStore(SqlSessionStore):
                 conn.execute(
                     "ALTER TABLE sessions ADD COLUMN agent TEXT NOT NULL DEFAULT 'default'"
                 )
+            if version < 4:  # version 4: background children and their reports
+                conn.execute(SQLITE.background_table)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")

@@ -31,7 +31,10 @@ from messages import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from test_background import (
+    test_a_report_reaches_the_running_parent_turn_before_its_next_request,
+    test_max_background_denies_one_more,
+)
 from test_subagent_wire import (
     spawning_parent,
     test_a_child_whose_model_fails_answers_failed,
@@ -53,8 +56,10 @@ def unmeasured(n: int) -> Usage:
 
 __all__ = [
     "test_a_child_whose_model_fails_answers_failed",
+    "test_a_report_reaches_the_running_parent_turn_before_its_next_request",
     "test_a_second_spawn_takes_the_next_call_id",
     "test_malformed_subagent_arguments_are_denied_locally",
+    "test_max_background_denies_one_more",
     "test_the_child_runs_fresh_on_the_background_slot_and_the_parent_prefix_holds",
 ]
 
