@@ -20,9 +20,9 @@ import pykka
 from actors.core.agents import Agents
 from actors.core.config import Config, ConfigError, check_wait
 from actors.core.dispatch import DEFAULT_AGENT, Registry
+from actors.core.limits import Limits
 from actors.core.output import OutputTypes, decoded, turn_output
 from actors.core.text import RedactFilter, redact
-from actors.core.turn import Limits
 from actors.dispatcher import Dispatcher
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure

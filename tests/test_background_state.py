@@ -27,8 +27,9 @@ from actors.core.context_effects import (
 )
 from actors.core.context_state import ContextState
 from actors.core.dispatch import Registry
+from actors.core.limits import Limits
 from actors.core.session_state import SessionState
-from actors.core.turn import Limits, Turn
+from actors.core.turn import Turn
 from actors.core.turn_effects import Finish, Persist, RequestModel, Spawn
 from messages import (
     BackgroundLoaded,

@@ -16,7 +16,7 @@ import pytest
 
 from actors import Config, Directory, ToolOutput, port_tool
 from actors.core.dispatch import Registry
-from actors.core.turn import Limits
+from actors.core.limits import Limits
 from actors.dispatcher import Dispatcher
 from actors.dispatcher.directory import MODEL, STORE, session_address
 from actors.sessions.context import ContextActor

@@ -9,7 +9,7 @@ import pytest
 
 from actors import Config, Directory
 from actors.core.dispatch import Registry
-from actors.core.turn import Limits
+from actors.core.limits import Limits
 from actors.dispatcher import Dispatcher
 from actors.dispatcher.directory import STORE
 from actors.sessions.context import ContextActor

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from actors.core.dispatch import Registry
+from actors.core.limits import Limits
 from actors.core.output import (
     ACCEPTED,
     FinalAnswer,
@@ -24,7 +25,7 @@ from actors.core.output import (
     with_output,
 )
 from actors.core.session_state import SessionState
-from actors.core.turn import Limits, Turn
+from actors.core.turn import Turn
 from actors.core.turn_effects import Finish, Persist, RequestModel
 from messages import (
     Baseline,

@@ -9,8 +9,9 @@ import itertools
 from datetime import UTC, datetime
 
 from actors.core.dispatch import Registry
+from actors.core.limits import Limits
 from actors.core.session_state import SessionState
-from actors.core.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX, Limits, Turn
+from actors.core.turn import COMPACT_INSTRUCTION, SUMMARY_PREFIX, Turn
 from actors.core.turn_effects import (
     CallPort,
     Compact,

@@ -34,7 +34,7 @@ from actors.core.config import DEFAULT_AGENT, Config
 from actors.core.context_effects import ContextEffect, IfGone, Reply, ToSession, ToStore
 from actors.core.dispatch import depth_of, descends_from
 from actors.core.holds import Hold, HoldTable
-from actors.core.turn import CHILD_BACKGROUND
+from actors.core.spawn import CHILD_BACKGROUND
 from messages import (
     BackgroundLoaded,
     BackgroundReport,

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from actors.core.config import DEFAULT_AGENT
 from actors.core.context_effects import ContextEffect, Emit, Reply, Report, ToSession
 from actors.core.dispatch import descends_from
-from actors.core.spawn import child_summary
+from actors.core.spawn import child_summary, subagent_result_text
 from actors.core.text import neutralise
-from actors.core.turn import subagent_result_text
 from messages import (
     BackgroundReport,
     BackgroundRow,

@@ -1,4 +1,5 @@
-"""The pure parts of starting a session: its baseline, a child's first text, a child's summary."""
+"""The pure parts of starting a session and hearing back from it: its baseline, a child's first
+text, a child's summary, the parent's tool text for its outcome, a background report's message."""
 
 from __future__ import annotations
 
@@ -6,9 +7,23 @@ from datetime import datetime
 
 from actors.core.dispatch import Registry, clock_text
 from actors.core.text import cap_chars, neutralise
-from messages import Baseline
+from messages import (
+    BackgroundReport,
+    Baseline,
+    ChatMessage,
+    SubagentCompleted,
+    SubagentResult,
+)
 
-__all__ = ["MEMORY_HEADING", "build_baseline", "child_summary", "child_text"]
+__all__ = [
+    "CHILD_BACKGROUND",
+    "MEMORY_HEADING",
+    "build_baseline",
+    "child_summary",
+    "child_text",
+    "report_message",
+    "subagent_result_text",
+]
 
 MEMORY_HEADING = "\n\n# Memory\n\n"
 
@@ -32,3 +47,19 @@ def child_text(task: str, cap: int, now: datetime) -> str:
 def child_summary(content: str, cap: int) -> str:
     """What a parent sees of its child's answer: neutralised, then capped."""
     return cap_chars(neutralise(content), cap)
+
+
+CHILD_BACKGROUND = "only a top-level session runs subagents in the background; call without it"
+"""The detail of the denial of a background call from a child session."""
+
+
+def report_message(report: BackgroundReport) -> ChatMessage:
+    """The user message, named ``subagent``, that carries a background child's outcome."""
+    return ChatMessage(role="user", content=report.text, name="subagent")
+
+
+def subagent_result_text(result: SubagentResult) -> str:
+    """The parent's tool text for a child's outcome: ``<child> completed\\n<summary>`` or failed."""
+    if isinstance(result, SubagentCompleted):
+        return f"{result.child} completed\n{result.summary}"
+    return f"{result.child} failed"

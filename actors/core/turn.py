@@ -48,6 +48,7 @@ from actors.core.dispatch import (
     is_json_object,
 )
 from actors.core.dispatch import dispatch as route_call
+from actors.core.limits import Limits
 from actors.core.output import ANSWER_BY_CALLING, Done, Fail, FinalAnswer, outcome_of
 from actors.core.session_state import (
     SessionState,
@@ -56,6 +57,7 @@ from actors.core.session_state import (
     repair_results,
     unanswered_text,
 )
+from actors.core.spawn import CHILD_BACKGROUND, report_message, subagent_result_text
 from actors.core.text import cap_chars, neutralise
 from actors.core.turn_effects import (
     CallPort,
@@ -84,7 +86,6 @@ from messages import (
     ModelError,
     ModelRequestSent,
     ProposedCall,
-    SubagentCompleted,
     SubagentResult,
     ToolCall,
     ToolCallFinished,
@@ -104,8 +105,6 @@ __all__ = [
     "SUMMARY_PREFIX",
     "Limits",
     "Turn",
-    "report_message",
-    "subagent_result_text",
 ]
 
 COMPACT_INSTRUCTION = (
@@ -113,27 +112,6 @@ COMPACT_INSTRUCTION = (
     "questions and results that matter. Answer with the summary only."
 )
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The numbers a turn obeys, from ``[loop]`` and ``[compact]``."""
-
-    max_steps: int
-    tool_result_cap: int
-    summary_chars: int
-    threshold_chars: int
-    max_depth: int = 4
-    max_children: int = 8
-    untrusted_may_remember: bool = False
-    context_tokens: int | None = None
-    """A slot's context size in tokens; None: unknown (compaction counts characters)."""
-    threshold_ratio: float = 0.75
-    max_tokens: int = 2048
-    keep_truncated: bool = False
-    """``model.on_length = "keep"``: a cut-off final answer completes, marked truncated."""
-    output_retries: int = 2
-    """``loop.output_retries``: a typed session's tries after its first."""
 
 
 class _Phase(enum.Enum):
@@ -150,22 +128,6 @@ def _stored(usage: Usage) -> Usage | None:
     """What an assistant message stores of its request's usage: nothing when the server said
     nothing (a scripted model, a server that sends no ``usage``)."""
     return usage if usage != Usage() else None
-
-
-CHILD_BACKGROUND = "only a top-level session runs subagents in the background; call without it"
-"""The detail of the denial of a background call from a child session."""
-
-
-def report_message(report: BackgroundReport) -> ChatMessage:
-    """The user message, named ``subagent``, that carries a background child's outcome."""
-    return ChatMessage(role="user", content=report.text, name="subagent")
-
-
-def subagent_result_text(result: SubagentResult) -> str:
-    """The parent's tool text for a child's outcome: ``<child> completed\\n<summary>`` or failed."""
-    if isinstance(result, SubagentCompleted):
-        return f"{result.child} completed\n{result.summary}"
-    return f"{result.child} failed"
 
 
 @dataclass

@@ -14,9 +14,10 @@ import msgspec
 from actors.core.agents import Agent, Agents
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
+from actors.core.limits import Limits
 from actors.core.output import FinalAnswer, OutputTypes
 from actors.core.session_state import SessionState, store_failure_reason
-from actors.core.turn import Limits, Turn
+from actors.core.turn import Turn
 from actors.core.turn_effects import (
     CallPort,
     CancelModel,

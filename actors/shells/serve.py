@@ -20,7 +20,8 @@ import msgspec
 from actors.core.config import Config
 from actors.runtime import Runtime
 from actors.shells.render import EventPrinter, render_event
-from actors.shells.service.settings import service_settings, start_service
+from actors.shells.service.settings import service_settings
+from actors.shells.service.start import start_service
 from actors.tools.tool import PortTool
 from messages import TurnEvent
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from actors.core.config import Config, ConfigError
 from actors.core.listen import format_listen, is_loopback, parse_listen
@@ -21,7 +20,6 @@ __all__ = [
     "RUNBOOK_OPEN_ADDRESS",
     "ServiceSettings",
     "service_settings",
-    "start_service",
 ]
 
 MAX_BODY_BYTES = 1 << 20
@@ -88,19 +86,3 @@ def service_settings(
             f"(and the variable it names) or listen on 127.0.0.1; {RUNBOOK_OPEN_ADDRESS}"
         )
     return ServiceSettings(host, port, token, config.serve.replay_events)
-
-
-def start_service(runtime: Any, settings: ServiceSettings) -> Any:
-    """Start the HTTP service (``actors.shells.service.server.Service``) over ``runtime``.
-
-    Raises :class:`ConfigError` when Starlette or uvicorn is not installed (the ``serve``
-    extra), and ``OSError`` naming the address when it cannot be bound.
-    """
-    try:
-        from actors.shells.service.server import Service
-    except ImportError as exc:
-        raise ConfigError(
-            f"serving over HTTP needs Starlette and uvicorn ({exc.name} is missing): install "
-            "loopd with its serve extra, pip install '.[serve]'"
-        ) from None
-    return Service.start(runtime, settings)
