@@ -15,9 +15,12 @@ __all__ = [
     "Compacted",
     "CompactionFailed",
     "JobSkipped",
+    "McpServerDown",
+    "McpServerUp",
     "MemoryWarning",
     "ModelAnswered",
     "ModelRequestSent",
+    "RuntimeEvent",
     "SubagentFinished",
     "SubagentStarted",
     "TextDelta",
@@ -182,3 +185,26 @@ TurnEvent = (
     | MemoryWarning
 )
 """Every event a subscriber can see."""
+
+
+class McpServerUp(_Event, frozen=True):
+    """The MCP server ``server`` is up and lists ``tools`` (the joined names ``files__read``
+    new sessions are offered); ``skipped`` names the server's tools left out (a joined name
+    that is no valid tool name, or an input schema that is no valid JSON schema). It names a
+    server, not a session."""
+
+    server: str
+    tools: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+class McpServerDown(_Event, frozen=True):
+    """The MCP server ``server`` could not start, or stopped; ``detail`` says why. Its calls
+    are answered at once that it is not running while loopd starts it again."""
+
+    server: str
+    detail: str
+
+
+RuntimeEvent = McpServerUp | McpServerDown
+"""The events about the runtime itself rather than a session (subscribers see them too)."""

@@ -17,6 +17,7 @@ from croniter import CroniterError, croniter
 from msgspec import Meta, field
 
 from actors.core.files import read_regular_file
+from actors.core.mcp_config import McpServerConfig
 from actors.core.text import redact
 from messages import SlotPool, check_session_id, check_top_level_session
 
@@ -635,6 +636,8 @@ class Config(_Section, frozen=True):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     """``[agents.NAME]`` profiles, by name."""
+    mcp: dict[str, McpServerConfig] = field(default_factory=dict)
+    """``[mcp.NAME]`` servers, by name (see :class:`~actors.core.mcp_config.McpServerConfig`)."""
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.
@@ -657,6 +660,11 @@ class Config(_Section, frozen=True):
             )
         for name, profile in self.agents.items():
             profile.check(name)
+        keys = [self.model.api_key_env, *(a.api_key_env for a in self.agents.values())]
+        for name, server in self.mcp.items():
+            problem = server.check(name) or server.secret_leak(name, filter(None, keys))
+            if problem is not None:
+                raise ConfigError(problem)
 
     def agent(self, name: str) -> AgentConfig:
         """The profile ``name``; ``default`` is an empty profile when not configured.

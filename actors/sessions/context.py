@@ -214,7 +214,7 @@ class ContextActor(DispatchedActor):
         self.incarnations = itertools.count(1)
         self.spawns = itertools.count(1)
         self.requests = itertools.count(1)
-        self._baselines: dict[tuple[str, str, str], Baseline] = {}
+        self._baselines: dict[tuple[str, str, str, int], Baseline] = {}
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
@@ -496,7 +496,7 @@ class ContextActor(DispatchedActor):
         block = self.memory.block()
         self._memory_warnings(session)
         system = self.agents.system_prompt(agent)
-        key = (agent, system, block)
+        key = (agent, system, block, self.registry.generation)  # MCP tools change it
         baseline = self._baselines.get(key)
         if baseline is None:
             baseline = build_baseline(system, self.agents.get(agent).registry, block)
