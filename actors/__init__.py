@@ -16,6 +16,7 @@ from actors.core.config import (
     ModelConfig,
     SlotsConfig,
 )
+from actors.core.mcp_config import McpServerConfig
 from actors.dispatcher.directory import Directory
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
 from actors.models.http import HttpChatModel
@@ -37,6 +38,7 @@ __all__ = [
     "HomeInUse",
     "HttpChatModel",
     "LoopConfig",
+    "McpServerConfig",
     "MemoryFailure",
     "MemorySource",
     "ModelConfig",

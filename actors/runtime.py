@@ -355,8 +355,9 @@ class Runtime:
             if mcp is not None:
                 late = mcp.wait_ready(max(s.timeout_s for s in config.mcp.values()))
                 if late:
-                    log.warning("loopd: MCP servers still starting (they join later): %s",
-                                ", ".join(late))
+                    log.warning(
+                        "loopd: MCP servers still starting (they join later): %s", ", ".join(late)
+                    )
         except BaseException:
             if mcp is not None:
                 mcp.stop()

@@ -80,7 +80,6 @@ class LogWatch(logging.Handler):
                 raise AssertionError(f"no log line matched {pattern!r} within {timeout} s")
         return found[0]
 
-
     def wait_for_count(self, pattern: str, n: int, timeout: float = WAIT) -> None:
         """Wait until ``n`` lines match ``pattern``."""
         with self._cond:

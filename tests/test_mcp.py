@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import (  # noqa: E402
+from mcp_helpers import (
     WAIT,
     HttpServer,
     LogWatch,
@@ -24,14 +24,14 @@ from mcp_helpers import (  # noqa: E402
     stdio,
 )
 
-from actors import Config, Runtime  # noqa: E402
-from actors.core.config import AgentConfig  # noqa: E402
-from actors.core.mcp_config import McpServerConfig  # noqa: E402
-from actors.core.mcp_tools import McpCatalog  # noqa: E402
-from actors.dispatcher.directory import Directory, session_address  # noqa: E402
-from actors.services.mcp import McpService  # noqa: E402
-from actors.testing import Probe, ScriptedModel  # noqa: E402
-from messages import (  # noqa: E402
+from actors import Config, Runtime
+from actors.core.config import AgentConfig
+from actors.core.mcp_config import McpServerConfig
+from actors.core.mcp_tools import McpCatalog
+from actors.dispatcher.directory import Directory, session_address
+from actors.services.mcp import McpService
+from actors.testing import Probe, ScriptedModel
+from messages import (
     FailReason,
     Inspect,
     McpServerDown,
@@ -84,7 +84,7 @@ def test_the_start_lists_the_servers_tools_with_their_description_and_schema(sha
     assert "files__read" in up.tools and "files__slow" in up.tools
     assert up.skipped == ("t" * 70,)  # files__ttt... is longer than 64: left out and named
     assert text_of(rt, "lister", "say:hello") == "hello"
-    request = [r for r in model.requests if r.session == "lister"][0]
+    request = next(r for r in model.requests if r.session == "lister")
     read = next(spec for spec in request.tools if spec.name == "files__read")
     assert read.description == "Read a file by its path."
     assert read.parameters["properties"]["path"]["type"] == "string"
@@ -119,8 +119,7 @@ def test_arguments_are_checked_against_the_input_schema_before_sending(shared) -
     stop = rt.subscribe(watch)
     try:
         assert text_of(rt, "checked", 'files__read {"path": 3}') == (
-            "Denied: the arguments are not valid for this tool: path: 3 is not of type "
-            "'string'."
+            "Denied: the arguments are not valid for this tool: path: 3 is not of type 'string'."
         )
         assert done.wait(WAIT) and seen[0].denied
     finally:
@@ -229,9 +228,13 @@ def test_a_server_that_never_answers_does_not_hold_up_the_start(tmp_path) -> Non
     rt, _ = start(tmp_path / "home", {"mute": stdio("--mute", timeout_s=0.5)})
     try:
         down = rt.mcp_servers()["mute"]
-        assert down == McpServerDown(server="mute", detail="it gave no answer within 0.5 s", at=down.at)
+        assert down == McpServerDown(
+            server="mute", detail="it gave no answer within 0.5 s", at=down.at
+        )
         # Its tools were never listed: a call of one is no tool at all.
-        assert text_of(rt, "s", "mute__read") == "Denied: there is no tool with this name: mute__read."
+        assert (
+            text_of(rt, "s", "mute__read") == "Denied: there is no tool with this name: mute__read."
+        )
     finally:
         rt.stop()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+
 import msgspec
 
 __all__ = ["MCP_SEPARATOR", "McpServerConfig", "check_server_name"]
@@ -119,4 +120,3 @@ class McpServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
                     "which is never passed to an MCP server"
                 )
         return None
-

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -291,8 +290,11 @@ class McpService:
                 try:
                     await self._list(server, session)
                 except Exception as exc:
-                    log.warning("MCP server %s: listing its changed tools failed: %s",
-                                server.name, _why(exc))
+                    log.warning(
+                        "MCP server %s: listing its changed tools failed: %s",
+                        server.name,
+                        _why(exc),
+                    )
 
     def _event(self, event: McpServerUp | McpServerDown) -> None:
         self._last[event.server] = event
@@ -373,4 +375,3 @@ class McpService:
     def _answer(self, call: PortCall, text: str, trusted: bool = False) -> None:
         result = ToolResult(call.call_id, text, DataClass.PUBLIC, untrusted=not trusted)
         self.directory.tell(call.reply_to, ToolDone(call.session, result))
-

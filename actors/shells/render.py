@@ -12,9 +12,12 @@ from messages import (
     Compacted,
     CompactionFailed,
     JobSkipped,
+    McpServerDown,
+    McpServerUp,
     MemoryWarning,
     ModelAnswered,
     ModelRequestSent,
+    RuntimeEvent,
     SubagentFinished,
     SubagentStarted,
     TextDelta,
@@ -87,13 +90,24 @@ def _describe(event: TurnEvent) -> str:
     return type(event).__name__
 
 
-def render_event(event: TurnEvent) -> str:
-    """One line for ``event``: time, session (indented by depth) and what happened.
+def _describe_server(event: RuntimeEvent) -> str:
+    if isinstance(event, McpServerUp):
+        skipped = f" (left out: {', '.join(event.skipped)})" if event.skipped else ""
+        return f"up: {', '.join(event.tools) or 'no tools'}{skipped}"
+    return f"down: {event.detail}"
+
+
+def render_event(event: TurnEvent | RuntimeEvent) -> str:
+    """One line for ``event``: time, session (indented by depth) and what happened; an MCP
+    server's event names the server (``mcp files``) instead.
 
     Model and tool text in it (an answer's preview, tool names, details) is shown with every
     control character escaped, newlines included, so the line is one line and a model cannot
     drive the terminal it is printed on.
     """
+    if isinstance(event, McpServerUp | McpServerDown):
+        what = escape_controls(_describe_server(event), one_line=True)
+        return f"{event.at:%H:%M:%S} mcp {escape_controls(event.server)}  {what}"
     indent = "│ " * depth_of(event.session)
     what = escape_controls(_describe(event), one_line=True)
     return f"{event.at:%H:%M:%S} {indent}{event.session}  {what}"
@@ -108,7 +122,7 @@ class EventPrinter:
         self._stream = stream
         self._writing: str | None = None  # the session whose text the open line shows
 
-    def __call__(self, event: TurnEvent) -> None:
+    def __call__(self, event: TurnEvent | RuntimeEvent) -> None:
         """Print ``event``."""
         out = self._stream
         if isinstance(event, TextDelta):

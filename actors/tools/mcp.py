@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import jsonschema
 import mcp_types as types
 import msgspec
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.session import MessageHandlerFnT
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -43,8 +44,8 @@ from actors.core.text import cap_chars
 from messages import ToolSpec
 
 __all__ = [
-    "STDERR_LINE_CHARS",
     "STDERR_LINES_PER_MINUTE",
+    "STDERR_LINE_CHARS",
     "Listing",
     "StderrLines",
     "argument_check",
@@ -150,16 +151,25 @@ def listing(server: str, tools: Iterable[types.Tool], allowed: Iterable[str] | N
             continue
         name = joined_name(server, tool.name)
         if name is None:
-            log.warning("MCP server %s: tool %r left out: %s__%s is no valid tool name "
-                        "(letters, digits, _ and -, at most 64)", server, tool.name, server,
-                        tool.name)
+            log.warning(
+                "MCP server %s: tool %r left out: %s__%s is no valid tool name "
+                "(letters, digits, _ and -, at most 64)",
+                server,
+                tool.name,
+                server,
+                tool.name,
+            )
             skipped.append(tool.name)
             continue
         try:
             check = argument_check(tool.input_schema)
         except jsonschema.SchemaError as exc:
-            log.warning("MCP server %s: tool %s left out: its input schema is not valid: %s",
-                        server, tool.name, exc.message)
+            log.warning(
+                "MCP server %s: tool %s left out: its input schema is not valid: %s",
+                server,
+                tool.name,
+                exc.message,
+            )
             skipped.append(tool.name)
             continue
         spec = ToolSpec(name, tool.description or "", dict(tool.input_schema))
@@ -222,8 +232,12 @@ class StderrLines:
         now = self.clock()
         if now - self._window >= 60:
             if self._dropped:
-                log.warning("MCP server %s: %d stderr lines not logged (more than %d a minute)",
-                            self.server, self._dropped, STDERR_LINES_PER_MINUTE)
+                log.warning(
+                    "MCP server %s: %d stderr lines not logged (more than %d a minute)",
+                    self.server,
+                    self._dropped,
+                    STDERR_LINES_PER_MINUTE,
+                )
             self._window, self._logged, self._dropped = now, 0, 0
         if self._logged >= STDERR_LINES_PER_MINUTE:
             self._dropped += 1
@@ -237,8 +251,12 @@ class StderrLines:
             self.line(self._partial.decode("utf-8", "replace"))
             self._partial = b""
         if self._dropped:
-            log.warning("MCP server %s: %d stderr lines not logged (more than %d a minute)",
-                        self.server, self._dropped, STDERR_LINES_PER_MINUTE)
+            log.warning(
+                "MCP server %s: %d stderr lines not logged (more than %d a minute)",
+                self.server,
+                self._dropped,
+                STDERR_LINES_PER_MINUTE,
+            )
             self._dropped = 0
 
 
@@ -259,17 +277,13 @@ async def _pump_stderr(fd: int, lines: StderrLines) -> None:
 # Connecting.
 
 
-Notify = Callable[[Any], Awaitable[None]]
-"""Gets every notification (and transport error) the server's session surfaces."""
-
-
 @contextlib.asynccontextmanager
 async def connect(
     server: str,
     config: McpServerConfig,
     *,
     secret_variables: Iterable[str] = (),
-    on_message: Notify | None = None,
+    on_message: MessageHandlerFnT | None = None,
 ) -> AsyncIterator[tuple[ClientSession, anyio.Event]]:
     """Start (``command``) or reach (``url``) ``server`` and yield its initialised session and
     an event set when its connection ends (the process exited, the stream closed). Leaving

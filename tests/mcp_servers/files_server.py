@@ -15,9 +15,9 @@ if "--exit-at-start" in sys.argv:  # before the SDK's imports: a quick death
     print("exiting at start", file=sys.stderr, flush=True)
     sys.exit(3)
 
-import anyio  # noqa: E402
-from mcp.server.mcpserver import Context, Image, MCPServer  # noqa: E402
-from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
+import anyio
+from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("files")
 
