@@ -28,11 +28,12 @@ def stdio(*flags: str, **options: Any) -> McpServerConfig:
 
 
 def calls_what_it_is_told(request: ModelRequest) -> Answer:
-    """A model whose user text is ``<tool> <json arguments>``: it calls that tool, then
-    answers the tool's text (a user text without a tool name is answered as it is)."""
+    """A model whose user text (its last line) is ``<tool> <json arguments>``: it calls that
+    tool, then answers the tool's text; ``say:<word>`` is answered ``<word>``."""
     last = request.messages[-1]
     if last.role == "user":
-        name, _, arguments = (last.content or "").partition(" ")
+        lines = (last.content or "").splitlines() or [""]
+        name, _, arguments = lines[-1].partition(" ")  # a child's task is after its date line
         if name.startswith("say:"):
             return reply(name[4:])
         return call(name, arguments.strip() or "{}")

@@ -3,6 +3,7 @@ listing, calls, errors, trust, profiles, list changes, cancel, time limits, supe
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -96,6 +97,22 @@ def test_a_call_answers_the_servers_text_and_taints_the_session(shared) -> None:
     assert text_of(rt, "reader", 'files__read {"path": "notes.txt"}') == "contents of notes.txt"
     assert untrusted(rt, "reader")
     assert text_of(rt, "searcher", 'files__search {"word": "w", "limit": 2}') == "w 0\nw 1"
+
+
+def test_the_repl_shows_each_servers_state(shared) -> None:
+    from actors.shells.repl import Helpers
+
+    shown = repr(Helpers(shared[0]).mcp()).splitlines()
+    assert shown[0].split() == ["NAME", "STATE", "TOOLS", "/", "WHY"]
+    assert shown[1].split()[:3] == ["files", "up", "files__broken,"]
+
+
+def test_the_taint_reaches_the_parent_through_its_child(shared) -> None:
+    rt, _ = shared
+    task = json.dumps({"task": 'files__read {"path": "mail"}'})
+    text = text_of(rt, "parent", f"subagent {task}")
+    assert text == "sub-parent-1 completed\ncontents of mail"
+    assert untrusted(rt, "parent")  # the child read an untrusted result, so the parent did
 
 
 def test_an_error_result_and_other_content(shared) -> None:
