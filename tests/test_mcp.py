@@ -26,12 +26,13 @@ from mcp_helpers import (
 )
 
 from actors import Config, Runtime
-from actors.core.config import AgentConfig
+from actors.core.config import AgentConfig, PortConfig
 from actors.core.mcp_config import McpServerConfig
 from actors.core.mcp_tools import McpCatalog
 from actors.dispatcher.directory import Directory, session_address
 from actors.services.mcp import McpService
-from actors.testing import Probe, ScriptedModel
+from actors.testing import Probe, ScriptedModel, calls, reply
+from actors.tools.typed import port_tool
 from messages import (
     FailReason,
     Inspect,
@@ -214,6 +215,30 @@ def test_a_tool_list_change_reaches_new_sessions_only(tmp_path) -> None:
         rt.stop()
 
 
+def test_a_call_takes_no_port_worker(tmp_path) -> None:
+    mcp_done = threading.Event()
+
+    @port_tool
+    def hold() -> str:
+        """Holds the one port worker until the MCP call has its result."""
+        return "held" if mcp_done.wait(WAIT) else "the MCP call waited for the port"
+
+    model = ScriptedModel([calls(("hold", {}), ("files__read", {"path": "a"})), reply("done")])
+    config = Config(home=str(tmp_path / "home")).replace(port=PortConfig(concurrency=1))
+    rt = Runtime.start(config, model=model, tools=[hold], mcp={"files": stdio()})
+    rt.subscribe(
+        lambda e: (
+            mcp_done.set() if isinstance(e, ToolCallFinished) and e.name == "files__read" else None
+        )
+    )
+    try:
+        assert rt.run_turn("s", "go", timeout=WAIT) == TurnCompleted("s", "done")
+        results = [m.content for m in model.requests[-1].messages if m.role == "tool"]
+        assert results == ["held", "contents of a"]
+    finally:
+        rt.stop()
+
+
 # Time, cancel, supervision.
 
 
@@ -358,20 +383,62 @@ def test_a_flood_on_stderr_is_logged_capped(tmp_path) -> None:
 # Streamable HTTP.
 
 
-def test_a_server_over_streamable_http(tmp_path) -> None:
+def test_a_server_over_streamable_http(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WEB_TOKEN", "Bearer t0ken")
     server = HttpServer()
+    web = McpServerConfig(
+        url=server.url, headers_env={"Authorization": "WEB_TOKEN"}, timeout_s=WAIT
+    )
+    rt, _ = start(tmp_path / "home", {"web": web})
+    events: list[Any] = []
+    down = threading.Event()
+
+    def watch(event: Any) -> None:
+        events.append(event)
+        if isinstance(event, McpServerDown):
+            down.set()
+
+    rt.subscribe(watch)
     try:
-        rt, _ = start(tmp_path / "home", {"web": McpServerConfig(url=server.url, timeout_s=WAIT)})
-        try:
-            assert isinstance(rt.mcp_servers()["web"], McpServerUp)
-            assert text_of(rt, "s", 'web__read {"path": "a"}') == "contents of a"
-            assert untrusted(rt, "s")
-            assert text_of(rt, "t", "web__broken").startswith("Error: ")
-            with LogWatch():
-                server.stop()
-                text = text_of(rt, "u", 'web__read {"path": "a"}')
-            assert text.startswith("Error: "), text
-        finally:
-            rt.stop()
-    finally:
+        assert isinstance(rt.mcp_servers()["web"], McpServerUp)
+        assert text_of(rt, "s", 'web__read {"path": "a"}') == "contents of a"
+        assert untrusted(rt, "s")
+        assert text_of(rt, "t", "web__broken").startswith("Error: Error executing tool broken")
+        assert text_of(rt, "h", 'web__header {"name": "authorization"}') == "Bearer t0ken"
         server.stop()
+        text = text_of(rt, "u", 'web__read {"path": "a"}')
+        assert text.startswith("Error: MCP server web stopped during the call"), text
+        assert down.wait(WAIT)
+        first = next(e for e in events if isinstance(e, McpServerDown))
+        assert first.detail.startswith("it stopped answering: ")  # a failed call, then a ping
+    finally:
+        rt.stop()
+        server.stop()
+
+
+def test_an_http_server_without_its_header_variable_stays_down(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("LOOPD_NO_SUCH_TOKEN", raising=False)
+    web = McpServerConfig(
+        url="http://127.0.0.1:9/mcp", headers_env={"Authorization": "LOOPD_NO_SUCH_TOKEN"}
+    )
+    rt, _ = start(tmp_path / "home", {"web": web})
+    try:
+        down = rt.mcp_servers()["web"]
+        assert isinstance(down, McpServerDown)
+        assert (
+            down.detail == "the environment variable LOOPD_NO_SUCH_TOKEN is not set (headers_env)"
+        )
+    finally:
+        rt.stop()
+
+
+def test_stop_ends_a_server_that_is_still_starting() -> None:
+    service = McpService(
+        {"mute": stdio("--mute")}, McpCatalog(["mute"]), Directory(), result_cap=1000
+    )
+    with LogWatch() as log:
+        service.start()
+        pid = int(log.wait_for(r"MCP server mute: mute (\d+)").group(1))
+        assert process_alive(pid)
+        assert service.stop(WAIT)
+    assert not process_alive(pid)

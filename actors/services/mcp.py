@@ -265,6 +265,8 @@ class McpService:
         except Exception as exc:
             if expired:
                 return None
+            if server.ended is not None:  # it was up: its connection failed under it
+                return server.why or f"it stopped answering: {_why(exc)}"
             why = _why(exc)
             if why == "its connection closed" and server.config.command is not None:
                 return "its process exited before it was up"
@@ -297,7 +299,7 @@ class McpService:
                     )
 
     def _event(self, event: McpServerUp | McpServerDown) -> None:
-        self._last[event.server] = event
+        self._last = {**self._last, event.server: event}  # swapped whole: read by any thread
         ready = self._ready.get(event.server)
         if ready is not None:
             ready.set()
@@ -316,11 +318,14 @@ class McpService:
     def _call(self, call: PortCall) -> None:
         tool = self.catalog.get(call.name)
         server = self._servers.get(tool.server if tool else self.catalog.server_of(call.name) or "")
-        if server is None or tool is None:
+        if server is None or tool is None:  # dispatch found it listed: it went meanwhile
             self._answer(call, f"Error: no MCP server lists the tool {call.name}", trusted=True)
             return
-        if server.session is None or self._stopping:
+        gone = server.ended is not None and server.ended.is_set()  # not cleaned up yet
+        if server.session is None or gone or self._stopping:
             why = "the runtime is stopping" if self._stopping else server.why
+            if gone and not why:
+                why = "its connection ended"
             self._answer(call, not_running(server.name, why), server.config.trusted)
             return
         key = (call.session, call.call_id)

@@ -56,6 +56,12 @@ def getenv(name: str) -> str:
     return os.environ.get(name, "")
 
 
+@server.tool(description="A header of the HTTP request that called this tool.")
+def header(name: str, ctx: Context) -> str:
+    request = ctx.request_context.request
+    return "" if request is None else str(request.headers.get(name, ""))
+
+
 @server.tool(description="Works for a while.")
 async def slow(seconds: float = 30.0) -> str:
     say(f"slow started in {os.getpid()}")
@@ -95,7 +101,7 @@ server.add_tool(_too_long, name="t" * 70, description="Its joined name is too lo
 def main() -> None:
     args = sys.argv[1:]
     if "--mute" in args:
-        say("mute")
+        say(f"mute {os.getpid()}")
         for _ in sys.stdin:  # reads and never answers, until stdin closes
             pass
         return
