@@ -2,7 +2,8 @@
 
 ``store`` (the one writer of the session store), ``model_service`` (every model request a task
 of one asyncio loop), ``pool`` (the port tools' workers) with ``tool_loop`` (its event loop for
-``async def`` tools), ``events`` (the event bus) and ``scheduler`` (cron jobs and the heartbeat).
+``async def`` tools), ``events`` (the event bus), ``scheduler`` (cron jobs and the heartbeat)
+and ``mcp`` (every MCP server's session, one asyncio loop; imported only with ``[mcp]``).
 
 Imports: ``core``, ``dispatcher``, the adapters (``models``, ``stores``, ``tools``) and
 ``messages``; never ``actors.sessions``.
