@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import sys
 import logging
 from datetime import UTC, datetime
 
@@ -224,3 +225,28 @@ def test_agent_tools_may_name_mcp_tools_in_the_config() -> None:
         mcp={"files": McpServerConfig(command=("x",))},
     )
     assert config.agents["reader"].tools == ("files__read", "files__*")
+
+
+def test_a_runtime_without_the_mcp_package_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    from actors import Runtime
+    from actors.testing import ScriptedModel
+
+    monkeypatch.setitem(sys.modules, "actors.services.mcp", None)  # as if mcp were missing
+    config = Config(home=str(tmp_path / "home"), mcp={"files": McpServerConfig(command=("x",))})
+    with pytest.raises(ConfigError, match=r"install loopd with pip install '\.\[mcp\]'"):
+        Runtime.start(config, model=ScriptedModel([]))
+    # Nothing is left behind: the home can be taken again.
+    Runtime.start(Config(home=str(tmp_path / "home")), model=ScriptedModel([])).stop()
+
+
+def test_a_cluster_runtime_refuses_mcp_servers(tmp_path) -> None:
+    from actors import Runtime
+
+    config = Config(
+        home=str(tmp_path / "home"),
+        store={"url": "postgresql://loopd@127.0.0.1:1/loopd"},  # type: ignore[arg-type]
+        cluster={"engine": "ray"},  # type: ignore[arg-type]
+        mcp={"files": McpServerConfig(command=("x",))},
+    )
+    with pytest.raises(ValueError, match=r"\[mcp\] servers run in one process"):
+        Runtime.start(config)
