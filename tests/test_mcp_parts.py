@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-import sys
 import logging
+import sys
 from datetime import UTC, datetime
 
 import msgspec
