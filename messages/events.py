@@ -26,6 +26,7 @@ __all__ = [
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolProgress",
     "TurnEnded",
     "TurnEvent",
     "TurnStarted",
@@ -99,6 +100,19 @@ class ToolCallFinished(_Event, frozen=True):
     call_id: CallId
     name: str
     denied: bool = False
+
+
+class ToolProgress(_Event, frozen=True):
+    """``session``'s tool call ``call_id`` (an MCP tool, ``name``) reported progress: its
+    server's ``notifications/progress``, ``progress`` of ``total`` (None: unknown), with
+    ``message`` if it said one."""
+
+    session: SessionId
+    call_id: CallId
+    name: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
 
 
 class SubagentStarted(_Event, frozen=True):
@@ -176,6 +190,7 @@ TurnEvent = (
     | TextDelta
     | ToolCallStarted
     | ToolCallFinished
+    | ToolProgress
     | SubagentStarted
     | SubagentFinished
     | TurnEnded

@@ -39,6 +39,7 @@ from messages import (
     McpServerDown,
     McpServerUp,
     ToolCallFinished,
+    ToolProgress,
     TurnCompleted,
     TurnFailed,
 )
@@ -213,6 +214,28 @@ def test_a_tool_list_change_reaches_new_sessions_only(tmp_path) -> None:
         assert "files__extra" in tools_listed(model, "new")
     finally:
         rt.stop()
+
+
+def test_progress_notifications_are_events_of_the_calling_session(shared) -> None:
+    rt, _ = shared
+    seen: list[ToolProgress] = []
+    done = threading.Event()
+
+    def watch(event: Any) -> None:
+        if isinstance(event, ToolProgress) and event.session == "stepper":
+            seen.append(event)
+        if isinstance(event, ToolCallFinished) and event.session == "stepper":
+            done.set()
+
+    stop = rt.subscribe(watch)
+    try:
+        assert text_of(rt, "stepper", "files__steps") == "three steps"
+        assert done.wait(WAIT)
+    finally:
+        stop()
+    assert [(e.call_id, e.name, e.progress, e.total, e.message) for e in seen] == [
+        (1, "files__steps", float(n), 3.0, f"step {n}") for n in (1, 2, 3)
+    ]
 
 
 def test_a_call_takes_no_port_worker(tmp_path) -> None:

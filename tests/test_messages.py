@@ -262,6 +262,15 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.MemoryWarning: lambda: messages.MemoryWarning(
         session="mm-thread", detail="memory file MEMORY.md is damaged", at=AT
     ),
+    messages.ToolProgress: lambda: messages.ToolProgress(
+        session="mm-thread",
+        call_id=3,
+        name="files__slow",
+        progress=2,
+        total=5,
+        message="2/5",
+        at=AT,
+    ),
     messages.McpServerUp: lambda: messages.McpServerUp(
         server="files", tools=("files__read",), skipped=("t" * 70,), at=AT
     ),

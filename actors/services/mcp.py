@@ -43,6 +43,7 @@ from messages import (
     McpServerUp,
     PortCall,
     ToolDone,
+    ToolProgress,
     ToolResult,
 )
 
@@ -350,7 +351,9 @@ class McpService:
             with scope:
                 arguments = parse_json_object(call.arguments) if call.arguments.strip() else {}
                 with anyio.fail_after(timeout):
-                    result = await session.call_tool(tool.tool, arguments)
+                    result = await session.call_tool(
+                        tool.tool, arguments, progress_callback=self._progress(call)
+                    )
                 text = result_text(result, self.result_cap)
         except TimeoutError:
             text = f"Error: {call.name} gave no answer within {timeout:g} s"
@@ -362,6 +365,23 @@ class McpService:
             return  # cancelled: the turn no longer waits
         if text is not None:
             self._answer(call, text, server.config.trusted)
+
+    def _progress(self, call: PortCall) -> Any:
+        """The SDK's progress callback of ``call``: each ``notifications/progress`` becomes a
+        ``ToolProgress`` event of the calling session."""
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            event = ToolProgress(
+                session=call.session,
+                call_id=call.call_id,
+                name=call.name,
+                progress=done,
+                total=total,
+                message=message,
+            )
+            self.directory.tell(EVENTS, event)
+
+        return progress
 
     async def _failed(self, server: _Server, ended: anyio.Event | None, exc: Exception) -> str:
         """The text of a call that raised; a connection that is gone ends the server's life

@@ -23,6 +23,7 @@ from messages import (
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolProgress,
     TurnEnded,
     TurnEvent,
     TurnStarted,
@@ -69,6 +70,10 @@ def _describe(event: TurnEvent) -> str:
             return f"  call {call_id} {name} …"
         case ToolCallFinished(call_id=call_id, name=name, denied=denied):
             return f"  call {call_id} {name} {'denied' if denied else 'done'}"
+        case ToolProgress(call_id=call_id, name=name, progress=done, total=total):
+            of = f" of {total:g}" if total is not None else ""
+            said = f": {event.message}" if event.message else ""
+            return f"  call {call_id} {name} … {done:g}{of}{said}"
         case SubagentStarted(child=child, call_id=call_id):
             return f"┬ spawns {child} for call {call_id}"
         case SubagentFinished(child=child, completed=completed, reason=reason):

@@ -73,6 +73,13 @@ async def slow(seconds: float = 30.0) -> str:
     return "slow finished"
 
 
+@server.tool(description="Reports its progress in three steps.")
+async def steps(ctx: Context) -> str:
+    for done in (1, 2, 3):
+        await ctx.report_progress(done, 3, f"step {done}")
+    return "three steps"
+
+
 @server.tool(description="Writes a flood of lines on stderr.")
 def flood(lines: int = 1000) -> str:
     for i in range(lines):
