@@ -17,6 +17,7 @@ from actors.core.config import (
     SlotsConfig,
     SubagentsConfig,
 )
+from actors.core.mcp_config import McpServerConfig
 from actors.dispatcher.directory import Directory
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
 from actors.models.http import HttpChatModel
@@ -38,6 +39,7 @@ __all__ = [
     "HomeInUse",
     "HttpChatModel",
     "LoopConfig",
+    "McpServerConfig",
     "MemoryFailure",
     "MemorySource",
     "ModelConfig",

@@ -75,7 +75,7 @@ class _EventFeed:
         if self.family is not None:
             if isinstance(event, SubagentStarted) and event.session in self.family:
                 self.family.add(event.child)
-            if event.session not in self.family:
+            if getattr(event, "session", None) not in self.family:  # an MCP server's too
                 return
         self.push(event)
 

@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -21,10 +21,12 @@ from actors.core.agents import Agents
 from actors.core.config import Config, ConfigError, check_wait
 from actors.core.dispatch import DEFAULT_AGENT, Registry
 from actors.core.limits import Limits
+from actors.core.mcp_config import McpServerConfig
+from actors.core.mcp_tools import McpCatalog
 from actors.core.output import OutputTypes, decoded, turn_output
 from actors.core.text import RedactFilter, redact
 from actors.dispatcher import Dispatcher
-from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, Directory
+from actors.dispatcher.directory import CONTEXT, EVENTS, MCP, MODEL, PORT, STORE, Directory
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
 from actors.models.endpoints import AgentEndpoints
 from actors.models.http import HttpChatModel, read_total_slots
@@ -55,6 +57,8 @@ from messages import (
     ContextStatus,
     FailReason,
     Inspect,
+    McpServerDown,
+    McpServerUp,
     StartTurn,
     ToolSpec,
     TurnEvent,
@@ -65,6 +69,7 @@ from messages import (
 )
 
 if TYPE_CHECKING:
+    from actors.services.mcp import McpService
     from actors.stores.postgres import PgMemory
 
 __all__ = [
@@ -250,6 +255,7 @@ class Runtime:
         self._home_lock: HomeLock | None = None
         self._log_filter: RedactFilter | None = None
         self._shared_memory: PgMemory | None = None
+        self._mcp: McpService | None = None
         self.tracer: Tracer = NoTracer()
         self.output_types = OutputTypes()
         """The Python types of output schemas, shared with the sessions (msgspec validates
@@ -265,6 +271,7 @@ class Runtime:
         memory: MemorySource | None = None,
         clock: Callable[[], datetime] = _utc_now,
         tracer: Tracer | None = None,
+        mcp: Mapping[str, McpServerConfig] | None = None,
     ) -> Runtime:
         """Start every actor of a runtime on ``config``.
 
@@ -274,6 +281,8 @@ class Runtime:
         the server's slot count here (see :func:`resolve_config`); ``rt.config`` has the result.
         ``tracer`` gets every turn event for tracing; by default OpenTelemetry's when it is
         installed (``loopd[otel]``), else none (:class:`actors.tracing.base.NoTracer`).
+        ``mcp`` adds MCP servers by name to the config's ``[mcp.NAME]`` (``loopd[mcp]``); the
+        start waits for their tool lists at most their ``timeout_s``, all at once.
 
         Raises :class:`~actors.stores.lock.HomeInUse` if another runtime holds ``config.home``.
 
@@ -289,6 +298,8 @@ class Runtime:
         elif config.slots.total == "auto":
             check_real_model(config.model.base_url)
         if config.cluster.engine == "ray":
+            if mcp or config.mcp:
+                raise ValueError("[mcp] servers run in one process: a cluster runtime has none")
             if model is not None or memory is not None or clock is not _utc_now:
                 raise ValueError(
                     "a cluster runtime's shards use [model], the shared store's memory and the "
@@ -297,9 +308,11 @@ class Runtime:
             engine: Any = _engine(config.cluster.engine)
             launched: Runtime = engine.launch(config, tools=tools or ())
             return launched
+        if mcp:
+            config = config.replace(mcp={**config.mcp, **mcp})
         config = resolve_config(config)
         tools = list(tools or ())
-        registry = Registry(tool.spec for tool in tools)
+        registry = Registry((tool.spec for tool in tools), mcp=McpCatalog(config.mcp))
         agents = Agents(config, registry)  # a profile naming no such tool fails here
         config.home_path.mkdir(parents=True, exist_ok=True)
         # One runtime per home: two would reuse call ids and miscount turns (issue 8).
@@ -377,6 +390,7 @@ class Runtime:
         )
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.secrets()
+        mcp = _mcp_service(config, registry, directory)
         service = ModelService(
             chat_model,
             directory,
@@ -387,6 +401,9 @@ class Runtime:
             lend_thread=dispatcher.lend,
         )
         try:
+            if mcp is not None:  # first: its servers start while the rest does
+                mcp.start()
+                directory.register(MCP, mcp)
             refs[EVENTS] = EventBus.start(subscribers)
             refs[STORE] = StoreActor.start(lambda: open_store(config), directory, dispatcher.lend)
             service.start()
@@ -414,7 +431,15 @@ class Runtime:
                     state_path=config.home_path / STATE_NAME,
                     state_store=shared_schedule(config),
                 )
+            if mcp is not None:
+                late = mcp.wait_ready(max(s.timeout_s for s in config.mcp.values()))
+                if late:
+                    log.warning(
+                        "loopd: MCP servers still starting (they join later): %s", ", ".join(late)
+                    )
         except BaseException:
+            if mcp is not None:
+                mcp.stop()
             service.stop()
             for ref in reversed(refs.values()):
                 ref.stop()
@@ -427,6 +452,7 @@ class Runtime:
         )
         runtime.tracer = tracer
         runtime.output_types = agents.output_types
+        runtime._mcp = mcp
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
         for name in _LIBRARY_LOGGERS:
@@ -560,6 +586,11 @@ class Runtime:
         finally:
             self.directory.unregister(address, waiter)
 
+    def mcp_servers(self) -> dict[str, McpServerUp | McpServerDown]:
+        """Each ``[mcp.NAME]`` server's last ``McpServerUp`` or ``McpServerDown`` event, by
+        name, those of the start included (a server still starting has none yet)."""
+        return {} if self._mcp is None else self._mcp.servers()
+
     def live(self, timeout: float = 10.0) -> tuple[str, ...]:
         """The ids of the sessions whose actor is live now, sorted.
 
@@ -619,6 +650,9 @@ class Runtime:
             log.warning("loopd: sessions did not stop within the stop's deadline")
         self.directory.unregister(MODEL, self.model_service)
         self.model_service.stop(timeout=left())
+        if self._mcp is not None:  # every server's process ends here
+            self.directory.unregister(MCP, self._mcp)
+            self._mcp.stop(timeout=left())
         if self._owns_model:
             self.model.close()
         rest = [self._refs[address].stop(block=False) for address in (PORT, STORE, EVENTS)]
@@ -646,6 +680,27 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _mcp_service(config: Config, registry: Registry, directory: Directory) -> McpService | None:
+    """The MCP service of ``config``'s ``[mcp.NAME]`` servers (none: None). Imported only
+    then: the ``mcp`` SDK is an extra."""
+    if not config.mcp:
+        return None
+    try:
+        from actors.services.mcp import McpService
+    except ImportError as exc:
+        raise ConfigError(
+            f"[mcp] servers need the mcp package ({exc}); install loopd with pip install '.[mcp]'"
+        ) from None
+    keys = [config.model.api_key_env, *(a.api_key_env for a in config.agents.values())]
+    return McpService(
+        config.mcp,
+        registry.mcp_catalog,
+        directory,
+        result_cap=config.loop.tool_result_cap,
+        secret_variables=[key for key in keys if key],
+    )
 
 
 ENGINES = "loopd.engines"

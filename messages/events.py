@@ -15,15 +15,19 @@ __all__ = [
     "Compacted",
     "CompactionFailed",
     "JobSkipped",
+    "McpServerDown",
+    "McpServerUp",
     "MemoryWarning",
     "ModelAnswered",
     "ModelRequestSent",
+    "RuntimeEvent",
     "SubagentFinished",
     "SubagentStarted",
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolWorkerLost",
+    "ToolProgress",
     "TurnEnded",
     "TurnEvent",
     "TurnStarted",
@@ -112,6 +116,19 @@ class ToolWorkerLost(_Event, frozen=True):
     stuck: int
 
 
+class ToolProgress(_Event, frozen=True):
+    """``session``'s tool call ``call_id`` (an MCP tool, ``name``) reported progress: its
+    server's ``notifications/progress``, ``progress`` of ``total`` (None: unknown), with
+    ``message`` if it said one."""
+
+    session: SessionId
+    call_id: CallId
+    name: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
 class SubagentStarted(_Event, frozen=True):
     """``session`` (the parent) spawned ``child`` for its call ``call_id``; the child runs
     agent profile ``agent``."""
@@ -193,6 +210,7 @@ TurnEvent = (
     | ToolCallStarted
     | ToolCallFinished
     | ToolWorkerLost
+    | ToolProgress
     | SubagentStarted
     | SubagentFinished
     | TurnEnded
@@ -202,3 +220,26 @@ TurnEvent = (
     | MemoryWarning
 )
 """Every event a subscriber can see."""
+
+
+class McpServerUp(_Event, frozen=True):
+    """The MCP server ``server`` is up and lists ``tools`` (the joined names ``files__read``
+    new sessions are offered); ``skipped`` names the server's tools left out (a joined name
+    that is no valid tool name, or an input schema that is no valid JSON schema). It names a
+    server, not a session."""
+
+    server: str
+    tools: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+class McpServerDown(_Event, frozen=True):
+    """The MCP server ``server`` could not start, or stopped; ``detail`` says why. Its calls
+    are answered at once that it is not running while loopd starts it again."""
+
+    server: str
+    detail: str
+
+
+RuntimeEvent = McpServerUp | McpServerDown
+"""The events about the runtime itself rather than a session (subscribers see them too)."""

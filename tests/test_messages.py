@@ -308,6 +308,21 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.MemoryWarning: lambda: messages.MemoryWarning(
         session="mm-thread", detail="memory file MEMORY.md is damaged", at=AT
     ),
+    messages.ToolProgress: lambda: messages.ToolProgress(
+        session="mm-thread",
+        call_id=3,
+        name="files__slow",
+        progress=2,
+        total=5,
+        message="2/5",
+        at=AT,
+    ),
+    messages.McpServerUp: lambda: messages.McpServerUp(
+        server="files", tools=("files__read",), skipped=("t" * 70,), at=AT
+    ),
+    messages.McpServerDown: lambda: messages.McpServerDown(
+        server="files", detail="its process exited", at=AT
+    ),
     messages.Remember: lambda: messages.Remember("mm-thread", 4, "The user's name is Ana."),
     messages.ScheduledTurn: lambda: messages.ScheduledTurn(
         "cron:0:mm-thread", "mm-thread", "It is 2026-11-30T07:00:00Z.\n\nMorning.", "scheduler"

@@ -52,6 +52,7 @@ from actors.core.config_tables import (
     SubagentsConfig,
 )
 from actors.core.files import read_regular_file
+from actors.core.mcp_config import McpServerConfig
 from messages import SlotPool
 
 __all__ = [
@@ -111,6 +112,8 @@ class Config(Section, frozen=True):
     serve: ServeConfig = field(default_factory=ServeConfig)
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     """``[agents.NAME]`` profiles, by name."""
+    mcp: dict[str, McpServerConfig] = field(default_factory=dict)
+    """``[mcp.NAME]`` servers, by name (see :class:`~actors.core.mcp_config.McpServerConfig`)."""
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.
@@ -139,6 +142,11 @@ class Config(Section, frozen=True):
                     f"cron[{index}].agent (the job on {job.session}): no agent profile is named "
                     f"{job.agent!r} (the config has: {', '.join(self.agent_names())})"
                 )
+        keys = [self.model.api_key_env, *(a.api_key_env for a in self.agents.values())]
+        for name, server in self.mcp.items():
+            problem = server.check(name) or server.secret_leak(name, filter(None, keys))
+            if problem is not None:
+                raise ConfigError(problem)
 
     def agent(self, name: str) -> AgentConfig:
         """The profile ``name``; ``default`` is an empty profile when not configured.

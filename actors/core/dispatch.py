@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from actors.core.mcp_config import MCP_SEPARATOR
+from actors.core.mcp_tools import McpCatalog, McpTool
 from messages import DenyReason, ToolSpec, check_session_id, denial_message
 
 __all__ = [
@@ -184,24 +186,29 @@ def subagent_spec(agents: Mapping[str, str], background: bool = False) -> ToolSp
 
 
 class Registry:
-    """The tools a session's model is offered: loopd's own, then the port's, by name.
+    """The tools a session's model is offered: loopd's own, then the port's, then the MCP
+    servers' (``<server>__<tool>``, as ``mcp`` lists them now), by name.
 
     :meth:`for_agent` gives the view one agent profile has: only the tools it ``allowed``
-    (a tool it may not use is neither listed nor run), and the profiles a ``subagent`` call
-    may name.
+    (a tool it may not use is neither listed nor run; ``files__*`` allows every tool of the
+    server ``files``), and the profiles a ``subagent`` call may name.
     """
 
     BUILTIN = (CLOCK_SPEC, SUBAGENT_SPEC, CALL_TOOL_SPEC, REMEMBER_SPEC)
 
-    def __init__(self, port_tools: Iterable[ToolSpec] = ()) -> None:
+    def __init__(self, port_tools: Iterable[ToolSpec] = (), mcp: McpCatalog | None = None) -> None:
         builtin = {spec.name for spec in self.BUILTIN}
+        self._mcp = mcp if mcp is not None else McpCatalog(())
         port: dict[str, ToolSpec] = {}
         for spec in port_tools:
             if spec.name in builtin or spec.name in port:
                 raise ValueError(f"tool name {spec.name!r} is registered twice")
+            if self._mcp.server_of(spec.name) is not None:
+                raise ValueError(f"tool name {spec.name!r} is an MCP server's (see [mcp])")
             port[spec.name] = spec
         self._port = port
         self._allowed: frozenset[str] | None = None
+        self._prefixes: tuple[str, ...] = ()  # from allowed names "<server>__*"
         self._agents: dict[str, str] = {}
         self._background = False
 
@@ -218,10 +225,19 @@ class Registry:
         ``ValueError`` for a name that is no tool here."""
         view = Registry.__new__(Registry)
         view._port = self._port
+        view._mcp = self._mcp
         view._allowed = None if allowed is None else frozenset(allowed)
+        view._prefixes = tuple(
+            sorted(n[:-1] for n in view._allowed or () if n.endswith(MCP_SEPARATOR + "*"))
+        )
         view._agents = dict(agents or {})
         view._background = background
-        unknown = sorted((view._allowed or frozenset()) - set(self.names()))
+        # An MCP name is taken at its word: its server may list the tool later.
+        unknown = sorted(
+            name
+            for name in (view._allowed or frozenset()) - set(self.names())
+            if self._mcp.server_of(name) is None
+        )
         if unknown:
             raise ValueError(f"no such tool: {', '.join(unknown)}")
         return view
@@ -242,26 +258,56 @@ class Registry:
 
     def allows(self, name: str) -> bool:
         """True if this view may list and run ``name`` (a registered tool or not)."""
-        return self._allowed is None or name in self._allowed
+        if self._allowed is None or name in self._allowed:
+            return True
+        return any(name.startswith(prefix) for prefix in self._prefixes)
 
-    _specs: tuple[ToolSpec, ...] | None = None
+    _specs: tuple[int, tuple[ToolSpec, ...]] | None = None
 
     def specs(self) -> tuple[ToolSpec, ...]:
-        """Every allowed tool, in a stable order, as it goes into a baseline (built once: a
-        registry and its views never change)."""
-        if self._specs is not None:
-            return self._specs
+        """Every allowed tool, in a stable order, as it goes into a baseline (built once per
+        generation of the MCP tools: the rest of a registry and its views never changes)."""
+        generation = self._mcp.generation
+        if self._specs is not None and self._specs[0] == generation:
+            return self._specs[1]
         builtin = tuple(
             subagent_spec(self._agents, self._background) if spec.name == SUBAGENT else spec
             for spec in self.BUILTIN
         )
         every = builtin + tuple(self._port[name] for name in sorted(self._port))
-        self._specs = tuple(spec for spec in every if self.allows(spec.name))
-        return self._specs
+        mcp = self._mcp.tools()
+        every += tuple(mcp[name].spec for name in sorted(mcp))
+        specs = tuple(spec for spec in every if self.allows(spec.name))
+        self._specs = (generation, specs)
+        return specs
+
+    @property
+    def generation(self) -> int:
+        """Changes when the MCP tools listed to new sessions change (see :meth:`specs`)."""
+        return self._mcp.generation
 
     def is_port(self, name: str) -> bool:
-        """True if ``name`` is a port tool."""
-        return name in self._port
+        """True if ``name`` is a port tool, or an MCP tool listed now (both run elsewhere)."""
+        return name in self._port or self._mcp.get(name) is not None
+
+    def is_mcp(self, name: str) -> bool:
+        """True if ``name`` belongs to a configured MCP server (listed now or not): its calls
+        go to the MCP service, not the port."""
+        return bool(self._mcp.servers) and self._mcp.server_of(name) is not None
+
+    @property
+    def mcp_catalog(self) -> McpCatalog:
+        """The MCP tools this registry lists (shared by all its views)."""
+        return self._mcp
+
+    @property
+    def has_mcp(self) -> bool:
+        """True if any MCP server is configured."""
+        return bool(self._mcp.servers)
+
+    def mcp_tool(self, name: str) -> McpTool | None:
+        """The MCP tool ``name``, if a server lists it now."""
+        return self._mcp.get(name)
 
 
 def parse_json_object(arguments: str) -> dict[str, Any]:
@@ -413,6 +459,11 @@ def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Ro
             return Remember(_one_string(arguments, "text"))
     except ArgumentError as exc:
         return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), denied=True)
+    mcp = registry.mcp_tool(name)
+    if mcp is not None:  # checked against its input schema before it is sent
+        problem = mcp.check(arguments)
+        if problem is not None:
+            return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, problem), denied=True)
     if registry.is_port(name):
         return ToPort(name, arguments)
     return Answered(denial_message(DenyReason.UNKNOWN_TOOL, name), denied=True)

@@ -12,7 +12,17 @@ import logging
 import threading
 from typing import Any, Protocol
 
-__all__ = ["CONTEXT", "EVENTS", "MODEL", "PORT", "STORE", "Directory", "Mailbox", "session_address"]
+__all__ = [
+    "CONTEXT",
+    "EVENTS",
+    "MCP",
+    "MODEL",
+    "PORT",
+    "STORE",
+    "Directory",
+    "Mailbox",
+    "session_address",
+]
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +30,7 @@ CONTEXT = "context"
 STORE = "store"
 MODEL = "model"
 PORT = "port"
+MCP = "mcp"  # the MCP service: the calls of every [mcp.NAME] server's tools
 EVENTS = "events"
 
 

@@ -114,7 +114,7 @@ class ContextActor(DispatchedActor):
         self.state = ContextState(config, self.agents, clock, CONTEXT)
         self.sweep: TimerHandle | None = None
         self.timers: dict[str, TimerHandle] = {}
-        self._baselines: dict[tuple[str, str, str], Baseline] = {}
+        self._baselines: dict[tuple[str, str, str, int], Baseline] = {}
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
@@ -280,7 +280,7 @@ class ContextActor(DispatchedActor):
         block = self.memory.block()
         self._memory_warnings(session)
         system = self.agents.system_prompt(agent)
-        key = (agent, system, block)
+        key = (agent, system, block, self.registry.generation)  # MCP tools change it
         baseline = self._baselines.get(key)
         if baseline is None:
             baseline = build_baseline(system, self.agents.get(agent).registry, block)

@@ -35,6 +35,7 @@ from actors.dispatcher import DispatchedActor, Dispatcher
 from actors.dispatcher.directory import (
     CONTEXT,
     EVENTS,
+    MCP,
     MODEL,
     PORT,
     STORE,
@@ -313,9 +314,11 @@ class SessionActor(DispatchedActor):
                 tell(to, CancelModelRequest(s.id, effect.request_id))
             elif isinstance(effect, CancelPort):
                 tell(PORT, CancelPortCall(s.id, effect.call_id))
+                if self.agent.registry.has_mcp:  # it may be an MCP call: nothing if not
+                    tell(MCP, CancelPortCall(s.id, effect.call_id))
             elif isinstance(effect, CallPort):
                 tell(
-                    PORT,
+                    MCP if self.agent.registry.is_mcp(effect.name) else PORT,
                     PortCall(
                         s.id,
                         effect.call_id,

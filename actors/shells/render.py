@@ -12,14 +12,18 @@ from messages import (
     Compacted,
     CompactionFailed,
     JobSkipped,
+    McpServerDown,
+    McpServerUp,
     MemoryWarning,
     ModelAnswered,
     ModelRequestSent,
+    RuntimeEvent,
     SubagentFinished,
     SubagentStarted,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolProgress,
     ToolWorkerLost,
     TurnEnded,
     TurnEvent,
@@ -69,6 +73,10 @@ def _describe(event: TurnEvent) -> str:
             return f"  call {call_id} {name} {'denied' if denied else 'done'}"
         case ToolWorkerLost(call_id=call_id, name=name, stuck=stuck):
             return f"  call {call_id} {name} did not stop: worker replaced ({stuck} stuck)"
+        case ToolProgress(call_id=call_id, name=name, progress=done, total=total):
+            of = f" of {total:g}" if total is not None else ""
+            said = f": {event.message}" if event.message else ""
+            return f"  call {call_id} {name} … {done:g}{of}{said}"
         case SubagentStarted(child=child, call_id=call_id, background=background):
             return f"┬ spawns {child} for call {call_id}" + (" (background)" if background else "")
         case SubagentFinished(child=child, completed=completed, reason=reason):
@@ -90,13 +98,24 @@ def _describe(event: TurnEvent) -> str:
     return type(event).__name__
 
 
-def render_event(event: TurnEvent) -> str:
-    """One line for ``event``: time, session (indented by depth) and what happened.
+def _describe_server(event: RuntimeEvent) -> str:
+    if isinstance(event, McpServerUp):
+        skipped = f" (left out: {', '.join(event.skipped)})" if event.skipped else ""
+        return f"up: {', '.join(event.tools) or 'no tools'}{skipped}"
+    return f"down: {event.detail}"
+
+
+def render_event(event: TurnEvent | RuntimeEvent) -> str:
+    """One line for ``event``: time, session (indented by depth) and what happened; an MCP
+    server's event names the server (``mcp files``) instead.
 
     Model and tool text in it (an answer's preview, tool names, details) is shown with every
     control character escaped, newlines included, so the line is one line and a model cannot
     drive the terminal it is printed on.
     """
+    if isinstance(event, McpServerUp | McpServerDown):
+        what = escape_controls(_describe_server(event), one_line=True)
+        return f"{event.at:%H:%M:%S} mcp {escape_controls(event.server)}  {what}"
     indent = "│ " * depth_of(event.session)
     what = escape_controls(_describe(event), one_line=True)
     return f"{event.at:%H:%M:%S} {indent}{event.session}  {what}"
@@ -111,7 +130,7 @@ class EventPrinter:
         self._stream = stream
         self._writing: str | None = None  # the session whose text the open line shows
 
-    def __call__(self, event: TurnEvent) -> None:
+    def __call__(self, event: TurnEvent | RuntimeEvent) -> None:
         """Print ``event``."""
         out = self._stream
         if isinstance(event, TextDelta):

@@ -27,7 +27,7 @@ from actors.core.dispatch import descends_from
 from actors.core.text import escape_controls, redact
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.runtime import Runtime
-from actors.shells.render import EventPrinter
+from actors.shells.render import EventPrinter, table
 from actors.shells.views import SessionRow, SessionTable, SessionView, session_view
 from actors.stores.base import StoreError
 from actors.stores.open import open_store
@@ -123,6 +123,22 @@ class _SendReply:
         _print(escape_controls(f"send: {message!r}"))
 
 
+class McpTable(dict[str, Any]):
+    """``mcp()``'s answer: each MCP server's last ``McpServerUp`` / ``McpServerDown`` by name
+    (a dict), printed as a table of NAME, STATE and its tools or why it is down."""
+
+    def __repr__(self) -> str:
+        rows = [
+            [name, "starting", ""]
+            if event is None
+            else [name, "up", ", ".join(event.tools)]
+            if isinstance(event, messages.McpServerUp)
+            else [name, "down", event.detail]
+            for name, event in sorted(self.items())
+        ]
+        return escape_controls(table(rows, ["NAME", "STATE", "TOOLS / WHY"]))
+
+
 class Helpers:
     """The REPL's helpers over one started runtime; ``namespace()`` is what the console sees."""
 
@@ -181,6 +197,11 @@ class Helpers:
         """The ids whose session actor is live now (held or idle), sorted; the others are only
         stored, and their next turn rebuilds them from the store."""
         return self.rt.live(timeout=5)
+
+    def mcp(self) -> McpTable:
+        """Each ``[mcp.NAME]`` server's state: up with its tools, down and why, or starting."""
+        found = self.rt.mcp_servers()
+        return McpTable({name: found.get(name) for name in self.rt.config.mcp})
 
     def show(self, session: str) -> SessionView:
         """The stored session ``session``: its record, children and messages. It prints like
@@ -351,6 +372,7 @@ class Helpers:
             "sessions": self.sessions,
             "held": self.held,
             "live": self.live,
+            "mcp": self.mcp,
             "turn": self.turn,
             "send": self.send,
             "wait": self.wait,
@@ -368,6 +390,7 @@ _HELP = [
     ("sessions()", "stored sessions, each held / live / - (stored only)"),
     ("held()", "the ids running turns hold"),
     ("live()", "the ids with a live actor (the rest are only stored)"),
+    ("mcp()", "each MCP server: up and its tools, or down and why"),
     ("turn(session, text)", "run a turn, its events printed live"),
     ("send(session, text)", "start a turn, don't wait"),
     ("wait(session)", "until its family is idle, background children included"),

@@ -1,0 +1,349 @@
+"""The MCP adapter: what loopd makes of an MCP server's tools and results (the ``mcp`` SDK).
+
+Plain functions over the SDK's types, and one async context manager that connects:
+
+- :func:`listing` turns a server's ``tools/list`` into the tools the registry lists
+  (``<server>__<tool>``, the server's description and input schema, an argument check on that
+  schema) and the names it leaves out;
+- :func:`result_text` turns a ``tools/call`` result into the tool text the model reads;
+- :func:`server_env` is a stdio server's environment; :class:`StderrLines` takes its stderr to
+  loopd's log, a line at a time, capped;
+- :func:`connect` starts or reaches one server and yields its initialised ``ClientSession``.
+
+Only the MCP service (``actors.services.mcp``) drives these; nothing here keeps state between
+calls. Needs the extra ``loopd[mcp]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import jsonschema
+import mcp_types as types
+import msgspec
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.session import MessageHandlerFnT
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from actors.core.dispatch import ArgumentError, parse_json_object
+from actors.core.mcp_config import McpServerConfig
+from actors.core.mcp_tools import McpTool, joined_name
+from actors.core.text import cap_chars
+from messages import ToolSpec
+
+__all__ = [
+    "STDERR_LINES_PER_MINUTE",
+    "STDERR_LINE_CHARS",
+    "Listing",
+    "StderrLines",
+    "argument_check",
+    "connect",
+    "listing",
+    "result_text",
+    "server_env",
+]
+
+log = logging.getLogger("actors.mcp")
+
+STDERR_LINE_CHARS = 1000
+"""A line of a server's stderr is logged cut to this many characters."""
+STDERR_LINES_PER_MINUTE = 100
+"""At most this many stderr lines of one server are logged a minute; the rest are counted."""
+_MAX_PAGES = 100  # a tools/list that pages on forever cannot hang a start
+
+
+# Results.
+
+
+def _decoded_size(data: str) -> int:
+    try:
+        return len(base64.b64decode(data, validate=False))
+    except (binascii.Error, ValueError):
+        return len(data)
+
+
+def _describe(block: Any) -> str:
+    """One content block as text: a text block's text, anything else by type and size."""
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return f"[{block.mime_type}, {_decoded_size(block.data)} bytes]"
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        kind = resource.mime_type or "resource"
+        if isinstance(resource, types.TextResourceContents):
+            return f"[{kind}, {len(resource.text.encode())} bytes]"
+        return f"[{kind}, {_decoded_size(resource.blob)} bytes]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource link {block.uri}]"
+    return f"[{getattr(block, 'type', type(block).__name__)}]"
+
+
+def result_text(result: types.CallToolResult, cap: int) -> str:
+    """The tool text of ``result``: the text contents joined with ``\\n``, other content
+    described (``[image/png, 12345 bytes]``), the structured content as JSON when there is no
+    other; ``Error: <text>`` for an ``isError`` result; at most ``cap`` characters."""
+    parts = [_describe(block) for block in result.content]
+    if not parts and result.structured_content is not None:
+        parts = [msgspec.json.encode(result.structured_content).decode()]
+    text = "\n".join(parts)
+    if result.is_error:
+        text = f"Error: {text or 'the tool failed'}"
+    return cap_chars(text, cap)
+
+
+# Listing.
+
+
+def _field_of(error: jsonschema.ValidationError) -> str:
+    path = ".".join(str(part) for part in error.absolute_path)
+    return f"{path}: {error.message}" if path else error.message
+
+
+def argument_check(schema: Mapping[str, Any]) -> Callable[[str], str | None]:
+    """The check of a call's raw arguments against ``schema``: the denial's detail (naming
+    the field: ``path: 3 is not of type 'string'``), or None. ``SchemaError`` if ``schema`` is
+    no valid JSON schema."""
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    validator = cls(schema)
+
+    def check(arguments: str) -> str | None:
+        try:
+            value = parse_json_object(arguments) if arguments.strip() else {}
+        except ArgumentError as exc:
+            return exc.detail
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        return None if error is None else _field_of(error)
+
+    return check
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What one ``tools/list`` gives: the tools listed to models, and the names left out."""
+
+    tools: tuple[McpTool, ...]
+    skipped: tuple[str, ...]
+
+
+def listing(server: str, tools: Iterable[types.Tool], allowed: Iterable[str] | None) -> Listing:
+    """The tools of ``server`` loopd lists: those in ``allowed`` (the config's ``tools``; None:
+    all), whose joined name is a valid tool name and whose input schema is a valid JSON
+    schema. The others of ``allowed`` are named in ``skipped`` (and logged)."""
+    allow = None if allowed is None else set(allowed)
+    kept: list[McpTool] = []
+    skipped: list[str] = []
+    for tool in tools:
+        if allow is not None and tool.name not in allow:
+            continue
+        name = joined_name(server, tool.name)
+        if name is None:
+            log.warning(
+                "MCP server %s: tool %r left out: %s__%s is no valid tool name "
+                "(letters, digits, _ and -, at most 64)",
+                server,
+                tool.name,
+                server,
+                tool.name,
+            )
+            skipped.append(tool.name)
+            continue
+        try:
+            check = argument_check(tool.input_schema)
+        except jsonschema.SchemaError as exc:
+            log.warning(
+                "MCP server %s: tool %s left out: its input schema is not valid: %s",
+                server,
+                tool.name,
+                exc.message,
+            )
+            skipped.append(tool.name)
+            continue
+        spec = ToolSpec(name, tool.description or "", dict(tool.input_schema))
+        kept.append(McpTool(server, tool.name, spec, check))
+    return Listing(tuple(kept), tuple(skipped))
+
+
+async def list_all_tools(session: ClientSession) -> list[types.Tool]:
+    """Every tool the server lists, following its pages."""
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        params = None if cursor is None else types.PaginatedRequestParams(cursor=cursor)
+        page = await session.list_tools(params=params)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+# The environment and stderr of a stdio server.
+
+
+def server_env(config: McpServerConfig, secret_variables: Iterable[str]) -> dict[str, str]:
+    """A stdio server's environment: the SDK's default one plus ``env``, without any of
+    ``secret_variables`` (the variables holding loopd's API keys)."""
+    env = get_default_environment() | dict(config.env)
+    for name in secret_variables:
+        env.pop(name, None)
+    return env
+
+
+class StderrLines:
+    """Takes a server's stderr to loopd's log (``actors.mcp``, INFO), one record a line: a
+    line cut to :data:`STDERR_LINE_CHARS`, at most :data:`STDERR_LINES_PER_MINUTE` lines a
+    minute (then one record saying how many were dropped). The pipe is always drained, so a
+    server that floods its stderr never blocks on it."""
+
+    def __init__(self, server: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.server = server
+        self.clock = clock
+        self._window = clock()
+        self._logged = 0
+        self._dropped = 0
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        """A chunk of stderr; whole lines are logged, the rest kept for the next chunk."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > STDERR_LINE_CHARS * 4:  # a line without end: log it cut
+            lines.append(self._partial)
+            self._partial = b""
+        for line in lines:
+            self.line(line.decode("utf-8", "replace").rstrip("\r"))
+
+    def line(self, text: str) -> None:
+        """Log one line (if this minute's share is not spent)."""
+        now = self.clock()
+        if now - self._window >= 60:
+            if self._dropped:
+                log.warning(
+                    "MCP server %s: %d stderr lines not logged (more than %d a minute)",
+                    self.server,
+                    self._dropped,
+                    STDERR_LINES_PER_MINUTE,
+                )
+            self._window, self._logged, self._dropped = now, 0, 0
+        if self._logged >= STDERR_LINES_PER_MINUTE:
+            self._dropped += 1
+            return
+        self._logged += 1
+        log.info("MCP server %s: %s", self.server, cap_chars(text, STDERR_LINE_CHARS))
+
+    def close(self) -> None:
+        """The pipe ended: log what is left."""
+        if self._partial:
+            self.line(self._partial.decode("utf-8", "replace"))
+            self._partial = b""
+        if self._dropped:
+            log.warning(
+                "MCP server %s: %d stderr lines not logged (more than %d a minute)",
+                self.server,
+                self._dropped,
+                STDERR_LINES_PER_MINUTE,
+            )
+            self._dropped = 0
+
+
+async def _pump_stderr(fd: int, lines: StderrLines) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    try:
+        while chunk := await reader.read(65536):
+            lines.feed(chunk)
+    finally:
+        lines.close()
+        transport.close()
+
+
+# Connecting.
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    server: str,
+    config: McpServerConfig,
+    *,
+    secret_variables: Iterable[str] = (),
+    on_message: MessageHandlerFnT | None = None,
+) -> AsyncIterator[tuple[ClientSession, anyio.Event]]:
+    """Start (``command``) or reach (``url``) ``server`` and yield its initialised session and
+    an event set when its connection ends (the process exited, the stream closed). Leaving
+    the context ends the session and, for a stdio server, its process (stdin closed, then
+    SIGTERM, then SIGKILL, as the SDK does it).
+
+    Raises ``OSError`` if the program cannot be started, ``KeyError`` naming the variable of a
+    ``headers_env`` header that is not set, and what the SDK raises if the handshake fails.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        if config.command is not None:
+            read_fd, write_fd = os.pipe()
+            # The pump reads the server's stderr from the start; it is settled after the
+            # process has ended (the exit stack unwinds in reverse), when the pipe is at its end.
+            pump = asyncio.get_running_loop().create_task(
+                _pump_stderr(read_fd, StderrLines(server))
+            )
+            stack.push_async_callback(_settle, pump)
+            with os.fdopen(write_fd, "w") as errlog:  # the child keeps its own copy
+                params = StdioServerParameters(
+                    command=config.command[0],
+                    args=list(config.command[1:]),
+                    env=server_env(config, secret_variables),
+                )
+                streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+        else:
+            assert config.url is not None
+            headers = {header: os.environ[var] for header, var in config.headers_env.items()}
+            client = await stack.enter_async_context(create_mcp_http_client(headers=headers))
+            streams = await stack.enter_async_context(
+                streamable_http_client(config.url, http_client=client)
+            )
+        read, write = streams
+        ended = anyio.Event()
+        # The session reads through this pair, so the end of the server's stream is seen
+        # even while no call is waiting.
+        into, out = anyio.create_memory_object_stream[Any](0)
+
+        async def forward() -> None:
+            try:
+                async with into:
+                    async for item in read:
+                        await into.send(item)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+            finally:
+                ended.set()
+
+        group = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(group.cancel_scope.cancel)
+        group.start_soon(forward)
+        session = await stack.enter_async_context(
+            ClientSession(out, write, message_handler=on_message)
+        )
+        await session.initialize()
+        yield session, ended
+
+
+async def _settle(task: asyncio.Task[None]) -> None:
+    """Let the stderr pump read to the end (the process is gone by now), briefly."""
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError, OSError):
+        await asyncio.wait_for(asyncio.shield(task), 1.0)
+    task.cancel()
