@@ -22,7 +22,8 @@ from typing import Any
 from actors.core.config import Config, check_wait
 from actors.core.output import decoded
 from actors.models.base import AsyncChatModel, ChatModel
-from actors.runtime import Runtime, _utc_now, check_outcome, output_kind
+from actors.runtime import Runtime, check_outcome, output_kind
+from actors.runtime.checks import _utc_now
 from actors.services.tool_loop import tools_on
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool

@@ -1,16 +1,19 @@
-"""The Runtime facade: what a supervisor process embeds (SPEC 3)."""
+"""The Runtime facade: what a supervisor process embeds.
+
+The facade itself is here; what it checks before anything is sent is in ``checks``, and the
+parts it is wired from (the resolved config, the tracer, a cluster engine found by entry point,
+the MCP service) are picked in ``parts``.
+"""
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
-import importlib.util
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -18,8 +21,8 @@ import msgspec
 import pykka
 
 from actors.core.agents import Agents
-from actors.core.config import Config, ConfigError, check_wait
-from actors.core.dispatch import DEFAULT_AGENT, Registry
+from actors.core.config import Config, check_wait
+from actors.core.dispatch import Registry
 from actors.core.limits import Limits
 from actors.core.mcp_config import McpServerConfig
 from actors.core.mcp_tools import McpCatalog
@@ -27,11 +30,26 @@ from actors.core.output import OutputTypes, decoded, turn_output
 from actors.core.text import RedactFilter, redact
 from actors.dispatcher import Dispatcher
 from actors.dispatcher.directory import CONTEXT, EVENTS, MCP, MODEL, PORT, STORE, Directory
-from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
+from actors.models.base import AsyncChatModel, ChatModel
 from actors.models.endpoints import AgentEndpoints
-from actors.models.http import HttpChatModel, read_total_slots
-from actors.models.llama import read_props
+from actors.models.http import HttpChatModel
 from actors.models.offline import check_real_model
+from actors.runtime.checks import (
+    _utc_now,
+    check_outcome,
+    check_turn,
+    output_kind,
+    turn_timed_out,
+)
+from actors.runtime.parts import (
+    ENGINES,
+    LIBRARY_LOGGERS,
+    _context_tokens,
+    _engine,
+    _mcp_service,
+    default_tracer,
+    resolve_config,
+)
 from actors.services.events import EventBus, EventSink, Subscribers
 from actors.services.model_service import ModelService
 from actors.services.pool import PortRouter
@@ -55,14 +73,10 @@ from actors.tracing.base import NoTracer, Tracer, guarded
 from messages import (
     CancelTurn,
     ContextStatus,
-    FailReason,
     Inspect,
     McpServerDown,
     McpServerUp,
-    StartTurn,
-    ToolSpec,
     TurnEvent,
-    TurnFailed,
     TurnOutcome,
     WaitFamily,
     check_session_id,
@@ -73,9 +87,11 @@ if TYPE_CHECKING:
     from actors.stores.postgres import PgMemory
 
 __all__ = [
+    "ENGINES",
     "Runtime",
     "check_outcome",
     "check_turn",
+    "default_tracer",
     "output_kind",
     "resolve_config",
     "turn_timed_out",
@@ -83,49 +99,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_LIBRARY_LOGGERS = ("httpx", "httpcore")
 """Loggers of the libraries loopd drives whose texts may carry a credential (a URL's)."""
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def resolve_config(config: Config) -> Config:
-    """``config`` with what is only known at start filled in: explicit slot pools (with
-    ``slots.total = "auto"``, the server's ``total_slots`` read from ``GET /props``).
-
-    Raises ``ConfigError`` if the slot count cannot be read or a pool names a slot the server
-    does not have.
-    """
-    slots = config.slots
-    total = None
-    if slots.total == "auto":
-        try:
-            total = read_total_slots(config.model)
-        except ModelFailure as exc:
-            scrubbed = redact(str(exc), secrets=config.model.secrets())
-            raise ConfigError(f'slots.total = "auto": {scrubbed}') from None
-    return config.replace(slots=slots.resolved(total))
-
-
-def _context_tokens(config: Config, *, own_model: bool) -> int | None:
-    """A slot's context size: configured, or read from a llama.cpp server's ``/props``."""
-    if config.model.context_tokens is not None or not own_model:
-        return config.model.context_tokens
-    api_key = config.model.api_key()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    # httpx logs the URL it gets, credentials included: redact it before the runtime's filter
-    # is installed.
-    scrub = RedactFilter(config.secrets())
-    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
-    for logger in loggers:
-        logger.addFilter(scrub)
-    try:
-        return read_props(config.model.base_url, headers).slot_context_tokens
-    finally:
-        for logger in loggers:
-            logger.removeFilter(scrub)
 
 
 class _Waiter:
@@ -167,60 +141,6 @@ def _await_stops(what: str, futures: list[pykka.Future[bool]], timeout: float) -
             log.warning("loopd: %s did not stop within the stop's deadline", what)
             return False
     return True
-
-
-def check_turn(
-    config: Config,
-    session: str,
-    text: str,
-    *,
-    timeout: float | None = None,
-    speaker: str | None = None,
-    reply_to: str | None = None,
-    agent: str | None = None,
-    trace: dict[str, str] | None = None,
-    output: ToolSpec | None = None,
-) -> StartTurn:
-    """The ``StartTurn`` that a facade's ``run_turn`` or ``send_turn`` asks for, every argument
-    checked before anything is sent or stored.
-
-    The one place for these checks, so that every facade (this process's, the cluster's)
-    refuses the same calls with the same errors: ``ValueError`` for a ``timeout`` that is not
-    None or a finite number of seconds above 0, an ``agent`` that ``config`` has no profile
-    of, an invalid session id or a child's (``sub-...``), or text or a speaker that is not
-    valid Unicode; ``TypeError`` for text that is not a ``str`` or a speaker that is neither
-    ``str`` nor None.
-    """
-    check_wait(timeout, "timeout")
-    if agent is not None and agent not in config.agent_names():
-        names = ", ".join(config.agent_names())
-        raise ValueError(f"no agent profile is named {agent!r} (the config has: {names})")
-    return StartTurn(session, text, speaker, reply_to, agent, trace, output)
-
-
-def check_outcome(outcome: TurnOutcome) -> TurnOutcome:
-    """``outcome`` as ``run_turn`` returns it: a turn that named another agent or output
-    schema than its stored session's is raised, ``ValueError`` with its detail, as the facades
-    promise."""
-    wrong = (FailReason.WRONG_AGENT, FailReason.WRONG_OUTPUT)
-    if isinstance(outcome, TurnFailed) and outcome.reason in wrong:
-        raise ValueError(outcome.detail)
-    return outcome
-
-
-def output_kind(config: Config, output: Any, agent: str | None) -> Any:
-    """The Python type a facade decodes a typed turn's ``output`` to: ``output`` itself, or
-    else the ``output`` type of profile ``agent`` (``default`` for None); None: keep the
-    JSON value."""
-    if output is not None:
-        return output
-    name = agent or DEFAULT_AGENT
-    return config.agent(name).output if name in config.agent_names() else None
-
-
-def turn_timed_out(session: str, timeout: float | None) -> TimeoutError:
-    """What ``run_turn`` raises when ``session``'s turn outlasts ``timeout``."""
-    return TimeoutError(f"the turn of {session} did not end within {timeout} s; it goes on")
 
 
 class Runtime:
@@ -455,7 +375,7 @@ class Runtime:
         runtime._mcp = mcp
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
-        for name in _LIBRARY_LOGGERS:
+        for name in LIBRARY_LOGGERS:
             logging.getLogger(name).addFilter(runtime._log_filter)
         runtime._shared_memory = shared
         return runtime
@@ -660,7 +580,7 @@ class Runtime:
         if not self.dispatcher.shutdown(left()):
             log.warning("loopd: the dispatcher's threads did not end within %s s", timeout)
         if self._log_filter is not None:
-            for name in _LIBRARY_LOGGERS:
+            for name in LIBRARY_LOGGERS:
                 logging.getLogger(name).removeFilter(self._log_filter)
         if self._shared_memory is not None:
             self._shared_memory.close()
@@ -680,71 +600,3 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _mcp_service(config: Config, registry: Registry, directory: Directory) -> McpService | None:
-    """The MCP service of ``config``'s ``[mcp.NAME]`` servers (none: None). Imported only
-    then: the ``mcp`` SDK is an extra."""
-    if not config.mcp:
-        return None
-    try:
-        from actors.services.mcp import McpService
-    except ImportError as exc:
-        raise ConfigError(
-            f"[mcp] servers need the mcp package ({exc}); install loopd with pip install '.[mcp]'"
-        ) from None
-    keys = [config.model.api_key_env, *(a.api_key_env for a in config.agents.values())]
-    return McpService(
-        config.mcp,
-        registry.mcp_catalog,
-        directory,
-        result_cap=config.loop.tool_result_cap,
-        secret_variables=[key for key in keys if key],
-    )
-
-
-ENGINES = "loopd.engines"
-"""The entry-point group where a cluster engine is found by its ``[cluster] engine`` name (the
-Ray engine is ``actors.cluster:ClusterRuntime``): this module never imports an engine."""
-
-
-def _engine(name: str) -> Any:
-    """The engine class registered as ``name`` in :data:`ENGINES`; ``ValueError`` if none is."""
-    found = importlib.metadata.entry_points(group=ENGINES, name=name)
-    for entry in found:
-        return entry.load()
-    raise ValueError(
-        f"[cluster] engine = {name!r}: no engine of that name is installed "
-        f"(entry-point group {ENGINES!r}; is loopd installed with pip install '.[ray]'?)"
-    )
-
-
-_otel_broken = False
-"""Set once OpenTelemetry failed to import: the warning is given once per process."""
-
-
-def default_tracer() -> Tracer:
-    """OpenTelemetry's tracer (:class:`~actors.tracing.otel.OtelTracer`, global provider)
-    when ``opentelemetry-api`` is installed; otherwise :class:`NoTracer`, importing nothing.
-
-    An OpenTelemetry that is installed but fails to import (a broken or mismatched install)
-    means no tracing and one warning, never a failed start."""
-    global _otel_broken
-    if _otel_broken:
-        return NoTracer()
-    try:
-        if importlib.util.find_spec("opentelemetry") is None:  # looks, imports nothing
-            return NoTracer()
-        if importlib.util.find_spec("opentelemetry.trace") is None:  # another opentelemetry part
-            return NoTracer()
-        from actors.tracing.otel import OtelTracer
-
-        return OtelTracer()
-    except Exception as exc:  # an optional extra: whatever its import raises, start goes on
-        _otel_broken = True
-        log.warning(
-            "loopd: OpenTelemetry is installed but cannot be loaded (%s: %s); tracing is off",
-            type(exc).__name__,
-            exc,
-        )
-        return NoTracer()
