@@ -35,6 +35,7 @@ from messages import (
     SubagentStarted,
     TurnCompleted,
     TurnEnded,
+    Usage,
 )
 
 WAIT = 10.0
@@ -55,6 +56,12 @@ def is_child(body: dict[str, Any]) -> bool:
 def last(body: dict[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = body["messages"][-1]
     return message
+
+
+def without_usage(outcome: Any) -> Any:
+    """``outcome`` without its usage: these tests are about reports, not counts (a server that
+    sends no usage still has its requests counted, which test_usage covers)."""
+    return msgspec.structs.replace(outcome, usage=Usage())
 
 
 def session_requests(server: Any, first_text: str) -> list[dict[str, Any]]:
@@ -129,7 +136,7 @@ def test_with_the_switch_off_background_is_an_unknown_field(
     config = background_config(loopd_config, server.base_url, background=False)
     rt = loopd_runtime(config=config)
     outcome = rt.run_turn("p", "go", timeout=WAIT)
-    assert outcome == TurnCompleted(
+    assert without_usage(outcome) == TurnCompleted(
         "p", "Denied: the arguments are not valid for this tool: unknown field: background."
     )
     spec = next(t for t in server.requests[0]["tools"] if t["function"]["name"] == "subagent")
@@ -159,7 +166,7 @@ def test_a_report_reaches_the_running_parent_turn_before_its_next_request(
     )
     probe = events(rt)
     outcome = rt.run_turn("p", "how many stars?", timeout=WAIT)
-    assert outcome == TurnCompleted("p", "heard: sub-p-1 completed\nabout 6000")
+    assert without_usage(outcome) == TurnCompleted("p", "heard: sub-p-1 completed\nabout 6000")
 
     started = probe.expect(SubagentStarted)
     assert started.background and started.child == "sub-p-1"
@@ -196,7 +203,9 @@ def test_a_report_after_the_parent_turn_ended_is_a_new_turn(
     server = chat_server(script)
     rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
     probe = events(rt)
-    assert rt.run_turn("p", "find it", timeout=WAIT) == TurnCompleted("p", "I will tell you")
+    assert without_usage(rt.run_turn("p", "find it", timeout=WAIT)) == TurnCompleted(
+        "p", "I will tell you"
+    )
     go.set()
     rt.wait_family("p", timeout=WAIT)
 
@@ -235,7 +244,7 @@ def test_max_background_denies_one_more(chat_server, loopd_runtime, loopd_config
     server = chat_server(script)
     rt = loopd_runtime(config=background_config(loopd_config, server.base_url, max_background=1))
     outcome = rt.run_turn("p", "go", timeout=WAIT)
-    assert outcome == TurnCompleted(
+    assert without_usage(outcome) == TurnCompleted(
         "p",
         "sub-p-1 started in the background | Denied: a limit of this runtime was reached: "
         "1 background subagents are running; wait for one to report.",
@@ -261,7 +270,7 @@ def test_cancel_reaches_background_children_and_nothing_is_reported(
     server = chat_server(script)
     rt = loopd_runtime(config=background_config(loopd_config, server.base_url))
     probe = events(rt)
-    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "started")
+    assert without_usage(rt.run_turn("p", "go", timeout=WAIT)) == TurnCompleted("p", "started")
     server.wait_for_requests(3, timeout=WAIT)  # the child asks its model
     assert rt.cancel("p") == ("sub-p-1",)
     finished = probe.expect(SubagentFinished)
@@ -325,7 +334,9 @@ def test_a_background_child_cut_off_by_a_stop_reports_failed_after_the_next_star
     server = chat_server(script)
     config = background_config(loopd_config, server.base_url)
     rt = loopd_runtime(config=config)
-    assert rt.run_turn("p", "go", timeout=WAIT) == TurnCompleted("p", "working on it")
+    assert without_usage(rt.run_turn("p", "go", timeout=WAIT)) == TurnCompleted(
+        "p", "working on it"
+    )
     server.wait_for_requests(3, timeout=WAIT)
     rt.stop()
     release.set()
@@ -469,13 +480,15 @@ def test_the_live_tree_and_the_repl_show_background_children(
 ) -> None:
     line = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1", background=True))
     assert line.endswith("p  ┬ spawns sub-p-1 for call 1 (background)")
-    plain = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1"))
-    assert plain.endswith("p  ┬ spawns sub-p-1 for call 1")
+    foreground = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1"))
+    assert foreground.endswith("p  ┬ spawns sub-p-1 for call 1")
 
     rt = loopd_runtime(_walker, subagents={"background": True})
     helpers = Helpers(rt)
     assert "wait" in helpers.namespace()
-    assert helpers.turn("walker", "plan", timeout=WAIT) == TurnCompleted("walker", "asked")
+    assert without_usage(helpers.turn("walker", "plan", timeout=WAIT)) == TurnCompleted(
+        "walker", "asked"
+    )
     helpers.wait("walker", timeout=WAIT)
     out = capsys.readouterr().out
     assert "┬ spawns sub-walker-1 for call 1 (background)" in out
@@ -574,7 +587,7 @@ def test_a_report_of_an_untrusted_child_makes_its_parent_untrusted(
         return reply("asked")
 
     rt = loopd_runtime(script, tools=[fetch], subagents={"background": True})
-    assert rt.run_turn("t", "go", timeout=WAIT) == TurnCompleted("t", "asked")
+    assert without_usage(rt.run_turn("t", "go", timeout=WAIT)) == TurnCompleted("t", "asked")
     rt.wait_family("t", timeout=WAIT)
     rt.stop()
     with SessionStore(loopd_config.home_path / DB_NAME) as store:
