@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 from actors.core.config import Config, check_wait
+from actors.core.mcp_config import McpServerConfig
 from actors.core.output import decoded
 from actors.models.base import AsyncChatModel, ChatModel
 from actors.runtime import Runtime, check_outcome, output_kind
@@ -114,6 +115,7 @@ class AsyncRuntime:
         memory: MemorySource | None = None,
         clock: Callable[[], datetime] = _utc_now,
         tracer: Tracer | None = None,
+        mcp: Mapping[str, McpServerConfig] | None = None,
     ) -> AsyncStart:
         """Start a runtime with the arguments of :meth:`Runtime.start`.
 
@@ -124,7 +126,13 @@ class AsyncRuntime:
         """
         return AsyncStart(
             lambda: Runtime.start(
-                config, model=model, tools=tools, memory=memory, clock=clock, tracer=tracer
+                config,
+                model=model,
+                tools=tools,
+                memory=memory,
+                clock=clock,
+                tracer=tracer,
+                mcp=mcp,
             )
         )
 
