@@ -4,6 +4,19 @@ Everything here is pure data. Any message round-trips through ``msgspec.json`` a
 ``msgspec.msgpack`` unchanged; decode a union with ``msgspec.json.decode(data, type=...)``.
 """
 
+from messages.approvals import (
+    ApprovalDecision,
+    ApprovalRefused,
+    ApprovalTimedOut,
+    ApproveCall,
+    DenyCall,
+    DropApprovals,
+    ListApprovals,
+    Resume,
+    SettleApproval,
+    StoreApproval,
+    StoredApproval,
+)
 from messages.base import Message
 from messages.chat import (
     Baseline,
@@ -18,6 +31,8 @@ from messages.chat import (
     Usage,
 )
 from messages.events import (
+    ApprovalRequested,
+    ApprovalSettled,
     Compacted,
     CompactionFailed,
     JobSkipped,
@@ -94,6 +109,12 @@ __all__ = [
     "CHILD_PREFIX",
     "AppendMessages",
     "Appended",
+    "ApprovalDecision",
+    "ApprovalRefused",
+    "ApprovalRequested",
+    "ApprovalSettled",
+    "ApprovalTimedOut",
+    "ApproveCall",
     "Baseline",
     "CallId",
     "Cancel",
@@ -108,10 +129,13 @@ __all__ = [
     "ContextStatus",
     "CreateChild",
     "DataClass",
+    "DenyCall",
     "DenyReason",
+    "DropApprovals",
     "FailReason",
     "Inspect",
     "JobSkipped",
+    "ListApprovals",
     "MemoryWarning",
     "Message",
     "ModelAnswer",
@@ -126,6 +150,7 @@ __all__ = [
     "ReleaseSession",
     "Remember",
     "RequestOptions",
+    "Resume",
     "RunTurn",
     "ScheduledTurn",
     "SessionCrashed",
@@ -134,9 +159,12 @@ __all__ = [
     "SessionRecord",
     "SessionStopped",
     "SessionTurnEnded",
+    "SettleApproval",
     "SlotPool",
     "StartTurn",
+    "StoreApproval",
     "StoreFailed",
+    "StoredApproval",
     "SubagentCompleted",
     "SubagentFailed",
     "SubagentFinished",

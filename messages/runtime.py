@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from messages.approvals import Resume
 from messages.base import Message
 from messages.chat import Baseline, ChatMessage, SlotPool, Usage
 from messages.ids import CallId, SessionId, check_text, check_top_level_session
@@ -197,6 +198,8 @@ class RunTurn(Message, frozen=True):
     pool: SlotPool = "main"
     trace: dict[str, str] | None = None
     create: CreateChild | None = None
+    resume: Resume | None = None
+    """Continue the turn the stored transcript cut off instead of starting one on ``text``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -293,6 +296,8 @@ class Cancel(Message, frozen=True):
 
     reason: FailReason
     detail: str
+    park: bool = False
+    """The runtime stops: a call waiting for a person keeps waiting (stored), unanswered."""
 
 
 class CancelModelRequest(Message, frozen=True):

@@ -177,7 +177,7 @@ def test_store_file_is_configured_for_durability(sqlite_store: SessionStore, db:
     assert db.is_file()
     with raw_db(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
 
 
 def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
@@ -644,7 +644,7 @@ def test_a_version_1_store_is_migrated_and_keeps_working(db: Path) -> None:
         store.append("mm", [user("after")], turns=2, next_call_id=2, untrusted=False)
         store.create("new", BASELINE, 0)
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (4,)
         assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     # Opened again (now version 3), nothing moves.
@@ -703,7 +703,7 @@ def test_a_version_2_store_is_migrated_and_its_sessions_run_default(db: Path) ->
         )
         store.create("planned", BASELINE, 0, agent="planner")
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (4,)
     with SessionStore(db) as store:
         assert store.open("planned").agent == "planner"
         assert [(i.id, i.agent) for i in store.list_sessions()] == [
@@ -999,7 +999,7 @@ def test_a_version_1_postgresql_store_gains_the_agent_column(
         ]
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
-    assert row == (str(PG_SCHEMA_VERSION),) == ("2",)
+    assert row == (str(PG_SCHEMA_VERSION),) == ("3",)
 
 
 # --- Memory and scheduler state in a PostgreSQL that restarts or goes away --------------------

@@ -40,6 +40,7 @@ from actors.core.config_model import (
     SlotsConfig,
 )
 from actors.core.config_tables import (
+    ApprovalsConfig,
     ClusterConfig,
     CompactConfig,
     LoopConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "MAX_SECONDS",
     "RESERVED_BODY_KEYS",
     "AgentConfig",
+    "ApprovalsConfig",
     "ClusterConfig",
     "CompactConfig",
     "Config",
@@ -105,6 +107,8 @@ class Config(Section, frozen=True):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     """``[agents.NAME]`` profiles, by name."""
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
+    """``[approvals]``: the calls a person decides."""
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.

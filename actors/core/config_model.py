@@ -233,6 +233,9 @@ class AgentConfig(Section, frozen=True):
     extra_body: dict[str, Any] = field(default_factory=dict)
     """Fields merged into the request body (``top_k``, ``response_format``, ``grammar``...);
     the fields loopd sets itself (``model``, ``messages``, ``tools``...) are refused."""
+    approve: tuple[str, ...] = ()
+    """More tool names whose calls wait for a person in this profile's sessions (added to
+    ``approvals.tools``)."""
 
     def check(self, name: str) -> None:
         """The rules between keys, checked by the :class:`Config` that holds this profile as

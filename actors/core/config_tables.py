@@ -11,7 +11,9 @@ from actors.core.config_base import ConfigError, Section, check_path_text
 from actors.core.text import redact
 
 __all__ = [
+    "DEFAULT_APPROVAL_TIMEOUT_S",
     "DEFAULT_SYSTEM_PROMPT",
+    "ApprovalsConfig",
     "ClusterConfig",
     "CompactConfig",
     "LoopConfig",
@@ -50,6 +52,22 @@ class LoopConfig(Section, frozen=True):
     token_budget: Annotated[int, Meta(ge=1)] | None = None
     """Prompt plus completion tokens one top-level turn may spend, its children's included;
     once spent, no further model request of that family is sent (none: no limit)."""
+
+
+DEFAULT_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0
+"""``approvals.timeout_s`` when unset: seven days."""
+
+
+class ApprovalsConfig(Section, frozen=True):
+    """``[approvals]``: the tool calls that wait for a person's yes or no."""
+
+    _key: ClassVar[str] = "approvals"
+
+    tools: tuple[str, ...] = ()
+    """Tool names whose calls wait for a person (built-in, port, ``subagent``; a name ending
+    in ``__*``, such as ``github__*``, names every tool of that MCP server)."""
+    timeout_s: Annotated[float, Meta(gt=0)] = DEFAULT_APPROVAL_TIMEOUT_S
+    """Seconds a call may wait; past them it is declined (``no decision within ... s``)."""
 
 
 class CompactConfig(Section, frozen=True):

@@ -20,12 +20,15 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from actors.core.approvals import ArmApprovalTimer, CancelApprovalTimer
 from actors.core.turn_effects import Emit
 from messages import RunTurn, SessionRecord
 
 __all__ = [
+    "ArmApprovalTimer",
     "ArmSweep",
     "BuildBaseline",
+    "CancelApprovalTimer",
     "CancelTimer",
     "ContextEffect",
     "Emit",
@@ -174,5 +177,7 @@ ContextEffect = (
     | CancelTimer
     | ArmSweep
     | UpdateMemory
+    | ArmApprovalTimer
+    | CancelApprovalTimer
 )
 """Anything a :class:`~actors.core.context_state.ContextState` asks its actor to do."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from actors.core.agents import Agents
+from actors.core.approval_desk import ApprovalDesk
 from actors.core.budget import Budgets
 from actors.core.config import DEFAULT_AGENT, Config
 from actors.core.context_effects import (
@@ -140,6 +141,7 @@ class ContextState:
         self.incarnations = itertools.count(1)
         self.spawns = itertools.count(1)
         self.requests = itertools.count(1)
+        self.desk = ApprovalDesk(self)  # the calls waiting for a person (SPEC 11)
 
     # Life cycle.
 
@@ -152,8 +154,8 @@ class ContextState:
         stop working."""
         effects: Effects = []
         for hold in self.holds.drain():
-            if hold.answered:
-                continue
+            if hold.answered or self.desk.parked(hold.session):
+                continue  # a turn cut off while its calls wait: the next start resumes it
             # A session that gets the Cancel ends its turn (storing what keeps its transcript
             # valid) and emits its own TurnEnded; its answer to us would come too late.
             if hold.parent is not None:
@@ -170,9 +172,9 @@ class ContextState:
                 continue
             told = Reply(hold.reply_to, TurnFailed(hold.session, FailReason.CANCELLED, detail))
             answer = tuple(hold.failure(FailReason.CANCELLED, detail))
-            effects += self._tell_live(
-                hold, Cancel(FailReason.CANCELLED, detail), then=(told,), otherwise=answer
-            )
+            # park: a call waiting for a person stays stored, for the next start to resume.
+            cancel = Cancel(FailReason.CANCELLED, detail, park=True)
+            effects += self._tell_live(hold, cancel, then=(told,), otherwise=answer)
         return effects
 
     def status(self) -> ContextStatus:
@@ -315,6 +317,10 @@ class ContextState:
             return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
         # Open first; only a session that is not stored needs a baseline (and so memory).
         return self._ask_store(hold, None)
+
+    def reopen(self, hold: Hold) -> Effects:
+        """Run ``hold``'s turn on its stored session (a turn resumed by a decision)."""
+        return self._open(hold, self.config.slots.home_slot("main"))
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> Effects:
         hold.open_request = next(self.requests)
@@ -576,6 +582,7 @@ class ContextState:
             # A live session answers through SessionTurnEnded; one still opening (no actor
             # yet to tell) is let go and answered here.
             answer = () if hold.answered else tuple(hold.failure(reason, detail))
+            effects += self.desk.cancelled(held)
             effects += self._tell_live(
                 hold, Cancel(reason, detail), if_gone=IfGone.RELEASE, otherwise=answer
             )

@@ -20,6 +20,7 @@ from messages import (
     ChatMessage,
     CreateChild,
     FailReason,
+    Resume,
     RunTurn,
     SessionRecord,
     SlotPool,
@@ -62,6 +63,9 @@ class Hold:
     """The trace context the turn belongs under."""
     untrusted: bool = False
     """A child's: its parent's untrusted flag at the spawn, which the child starts with."""
+    resume: Resume | None = None
+    """Continue the turn its stored transcript cut off (a call a person decided) instead of
+    starting one on ``text``."""
 
     @property
     def is_child(self) -> bool:
@@ -71,7 +75,7 @@ class Hold:
     def run_turn(self) -> RunTurn:
         """What the session actor is told to run this turn on a session it has (stored)."""
         pool: SlotPool = "background" if self.is_child else "main"
-        return RunTurn(self.text, self.speaker, pool=pool, trace=self.trace)
+        return RunTurn(self.text, self.speaker, pool=pool, trace=self.trace, resume=self.resume)
 
     def first_run(self, baseline: Baseline, reply_to: str) -> tuple[SessionRecord, RunTurn]:
         """A new child's record, not stored yet, and its first turn on it.

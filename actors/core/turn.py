@@ -34,6 +34,9 @@ from datetime import datetime
 
 import msgspec
 
+from actors.core import approval_steps
+from actors.core.approval_steps import ApprovalWait
+from actors.core.approvals import ApprovalPolicy
 from actors.core.dispatch import (
     Answered,
     ArgumentError,
@@ -69,6 +72,7 @@ from actors.core.turn_effects import (
 )
 from actors.core.usage import add_usage
 from messages import (
+    ApprovalDecision,
     ChatMessage,
     Compacted,
     CompactionFailed,
@@ -80,6 +84,7 @@ from messages import (
     ModelError,
     ModelRequestSent,
     ProposedCall,
+    Resume,
     SubagentCompleted,
     SubagentResult,
     ToolCall,
@@ -181,6 +186,9 @@ class Turn:
     _retried_too_long: bool = False
     usage: Usage = field(default_factory=Usage)
     """What the turn has spent so far: its own requests and its children's turns."""
+    approvals: ApprovalPolicy | None = None
+    """Which calls wait for a person (``[approvals]``); None: none."""
+    wait: ApprovalWait = field(default_factory=ApprovalWait)
 
     # Inputs.
 
@@ -203,8 +211,22 @@ class Turn:
         self._turn_start = len(self.state.transcript) + len(repairs)
         return [event, *self._save((*repairs, user), self._ask)]
 
+    def resume(self, order: Resume) -> list[Effect]:
+        """Continue the turn the stored transcript cut off (``actors.core.approval_steps``)."""
+        if self.phase is not _Phase.IDLE:
+            raise RuntimeError("a turn can only start once")
+        return approval_steps.resume(self, order)
+
+    def approval_decided(self, decision: ApprovalDecision) -> list[Effect]:
+        """A person (or the timeout) settled a call that waits: it runs, or is declined."""
+        if self.phase is not _Phase.CALLING:
+            return []
+        return approval_steps.decided(self, decision)
+
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
+        if request_id in self.wait.storing:
+            return approval_steps.stored(self, request_id)
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
@@ -221,6 +243,8 @@ class Turn:
         """The store could not do ``request_id``; the turn fails with ``reason`` (a new
         child's first write can also find its id taken, ``spawn_error``, or run elsewhere,
         ``busy``)."""
+        if request_id in self.wait.storing:
+            return approval_steps.not_stored(self, request_id, detail)
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
@@ -338,10 +362,13 @@ class Turn:
             ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted)
         )
 
-    def cancel(self, reason: FailReason, detail: str) -> list[Effect]:
+    def cancel(self, reason: FailReason, detail: str, park: bool = False) -> list[Effect]:
         """End the turn now: whatever was awaited is dropped, and answers that come later are
         ignored. Calls still without a result get one (stored, not waited for), so the
         transcript stays valid. A turn whose outcome is decided (it is compacting) keeps it.
+
+        ``park`` (the runtime stops): calls waiting for a person stay unanswered and stored,
+        and the turn ends without a ``TurnEnded``; the next start resumes it.
         """
         if self.done:
             return []
@@ -357,6 +384,8 @@ class Turn:
             self.state.forget_counts()
             effects.append(Persist(next(self.ids), self._keep))
             self._keep = ()
+        parked = park and self.phase is _Phase.CALLING and bool(self.wait.held)
+        effects += approval_steps.dropped(self, park)
         if self.phase is _Phase.CALLING:
             # Results that arrived are kept; only the missing ones are made up.
             repairs = tuple(
@@ -368,6 +397,7 @@ class Turn:
                     tool_call_id=c.id,
                 )
                 for c in self._calls
+                if not (parked and c.id in self.wait.held)
             )
         else:
             repairs = repair_results(self.state, self.registry, now)
@@ -375,6 +405,9 @@ class Turn:
             self.state.extend(repairs)
             effects.append(Persist(next(self.ids), repairs))
         outcome = TurnFailed(self.state.id, reason, detail)
+        if parked:
+            self.outcome = outcome
+            return [*effects, *self._finish()]
         return [*effects, *self._turn_ended(outcome), *self._finish()]
 
     def _stop_work(self) -> list[Effect]:
@@ -388,6 +421,7 @@ class Turn:
             CancelPort(c.id)
             for c in self._calls
             if c.id not in self._results
+            and c.id not in self.wait.held
             and isinstance(route_call(self.registry, c.name, c.arguments, now), ToPort)
         ]
 
@@ -452,12 +486,12 @@ class Turn:
         s = self.state
         return RequestModel(self._next_id(), s.slot, messages, prefer_slot=s.slot_cached)
 
-    def _dispatch(self) -> list[Effect]:
+    def _dispatch(self, calls: list[ToolCall] | None = None) -> list[Effect]:
         self.phase = _Phase.CALLING
         effects: list[Effect] = []
         now = self.clock()
         spawned = 0
-        for call in self._calls:
+        for call in self._calls if calls is None else calls:
             effects.append(
                 Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
             )
@@ -465,19 +499,24 @@ class Turn:
             if self._truncated:
                 detail = f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)"
                 route = Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), True)
+            # A call that passed every check runs now, or waits for a person.
             if isinstance(route, ToPort):
-                effects.append(CallPort(call.id, route.name, route.arguments))
+                work: list[Effect] = [CallPort(call.id, route.name, route.arguments)]
+                effects += approval_steps.run_or_wait(self, call, work)
                 continue
             if isinstance(route, Remember):
                 if not self.state.untrusted or self.limits.untrusted_may_remember:
-                    effects.append(WriteMemory(call.id, route.text))
+                    work = [WriteMemory(call.id, route.text)]
+                    effects += approval_steps.run_or_wait(self, call, work)
                     continue
                 detail = "it may not write to memory (memory.allow_untrusted_writes is false)"
                 route = Answered(denial_message(DenyReason.UNTRUSTED, detail), True)
             if isinstance(route, SpawnChild):
                 spawned += 1
-                denial = self._spawn(call.id, route, spawned, effects)
+                work = []
+                denial = self._spawn(call.id, route, spawned, work)
                 if denial is None:
+                    effects += approval_steps.run_or_wait(self, call, work)
                     continue
                 route = denial
             self._results[call.id] = ToolResult(call.id, route.text, denied=route.denied)
@@ -514,7 +553,7 @@ class Turn:
             for c in self._calls
         )
         self._calls, self._results = [], {}
-        return self._save(messages, self._ask)
+        return self._save(messages, self._ask) + approval_steps.settled_effects(self)
 
     def _refuse_at_limit(self, assistant: ChatMessage) -> list[Effect]:
         detail = f"loop.max_steps is {self.limits.max_steps}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -12,18 +12,23 @@ from typing import Any
 import msgspec
 
 from actors.core.agents import Agent, Agents
+from actors.core.approvals import ApprovalPolicy
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
 from actors.core.session_state import SessionState, store_failure_reason
 from actors.core.turn import Limits, Turn
 from actors.core.turn_effects import (
+    Announce,
+    AskApproval,
     CallPort,
     CancelModel,
     CancelPort,
     Compact,
+    DropWaiting,
     Effect,
     Emit,
     Finish,
+    ForgetApprovals,
     Persist,
     RequestModel,
     Spawn,
@@ -43,12 +48,14 @@ from actors.tracing.base import NoTracer, Tracer
 from messages import (
     Appended,
     AppendMessages,
+    ApprovalDecision,
     Cancel,
     CancelModelRequest,
     CancelPortCall,
     ChatMessage,
     CompactHistory,
     CreateChild,
+    DropApprovals,
     FailReason,
     Inspect,
     ModelAnswer,
@@ -64,6 +71,7 @@ from messages import (
     SessionStopped,
     SessionTurnEnded,
     SlotPool,
+    StoreApproval,
     StoreFailed,
     SubagentCompleted,
     SubagentFailed,
@@ -96,6 +104,8 @@ class SessionEnv:
     family's spend and refuses a request once the budget is spent."""
     tracer: Tracer = field(default_factory=NoTracer)
     """Sees every event this runtime's sessions emit (tracing)."""
+    approvals: Mapping[str, ApprovalPolicy] = field(default_factory=dict)
+    """Each profile's calls that wait for a person (``[approvals]``); none listed: none."""
 
     def agent(self, name: str) -> Agent:
         """Profile ``name`` as this runtime has it; ``KeyError`` if there is none."""
@@ -199,7 +209,9 @@ class SessionActor(DispatchedActor):
         elif isinstance(message, SubagentCompleted | SubagentFailed):
             effects = turn.subagent_result(message)
         elif isinstance(message, Cancel):
-            effects = turn.cancel(message.reason, message.detail)
+            effects = turn.cancel(message.reason, message.detail, message.park)
+        elif isinstance(message, ApprovalDecision):
+            effects = turn.approval_decided(message)
         else:
             log.warning("%s: unexpected message %r", self.state.id, message)
             return None
@@ -215,10 +227,23 @@ class SessionActor(DispatchedActor):
         self.trace = message.trace
         self.create = message.create
         self.text = message.text
-        self.turn = Turn(
-            self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
-        )
+        self.turn = self._new_turn()
+        if message.resume is not None:
+            self._carry_out(self.turn.resume(message.resume))
+            return
         self._carry_out(self.turn.start(message.text, message.speaker, stored=message.stored))
+
+    def _new_turn(self) -> Turn:
+        env = self.env
+        policy = env.approvals.get(self.agent.name)
+        return Turn(
+            self.state,
+            self.agent.registry,
+            env.limits,
+            env.request_ids,
+            env.clock,
+            approvals=policy,
+        )
 
     def _created(self, turn: Turn, message: SessionLoaded) -> list[Effect]:
         """The store's answer to this child's first write (its CreateChild)."""
@@ -231,9 +256,7 @@ class SessionActor(DispatchedActor):
         # that record is the truth, and the turn starts over on it. What this turn had (an
         # answer not stored) is dropped; the stored turn is repaired first, as on a restart.
         self.state = SessionState.from_record(message.record)
-        self.turn = Turn(
-            self.state, self.agent.registry, self.env.limits, self.env.request_ids, self.env.clock
-        )
+        self.turn = self._new_turn()
         return self.turn.start(self.text)
 
     def record(self) -> SessionRecord:
@@ -305,6 +328,15 @@ class SessionActor(DispatchedActor):
                     s.id, effect.call_id, effect.task, s.untrusted, effect.agent, trace
                 )
                 tell(CONTEXT, request)
+            elif isinstance(effect, AskApproval):
+                ask = StoreApproval(s.id, effect.request_id, effect.approval, self.address)
+                tell(STORE, ask)
+            elif isinstance(effect, Announce):
+                tell(CONTEXT, effect.approval)  # stored: the Context publishes the request
+            elif isinstance(effect, ForgetApprovals):
+                tell(STORE, DropApprovals(s.id, effect.call_ids))
+            elif isinstance(effect, DropWaiting):
+                tell(CONTEXT, DropApprovals(s.id, effect.call_ids))
             elif isinstance(effect, Compact):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):

@@ -34,6 +34,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
+from actors.stores.approval_rows import ApprovalRows
 from actors.stores.base import (
     SessionExists,
     SessionInfo,
@@ -84,7 +85,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore:
+class SqlSessionStore(ApprovalRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;
@@ -99,7 +100,8 @@ class SqlSessionStore:
     """
 
     dialect: Dialect
-    """The database's dialect (a class attribute of each store)."""
+    """The database's dialect (a class attribute of each store). The approvals table's
+    methods come from :class:`~actors.stores.approval_rows.ApprovalRows`."""
 
     # Class defaults, so a subclass that opens its connection its own way (a read-only view)
     # still has them: the connection, the decoded baselines, the last baseline written.

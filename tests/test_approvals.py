@@ -1,0 +1,152 @@
+"""A person in the loop (SPEC 11): calls that wait for a yes or no, durably, and the turns that
+resume when one comes. Real actors, a real SQLite store; every wait has a deadline."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from actors import Runtime, port_tool
+from actors.testing import calls, reply
+from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
+    ModelRequest,
+    TurnEnded,
+)
+
+WAIT = 10.0
+
+
+class Events:
+    """The events of a runtime, and a wait for the first that matches."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.seen: list[Any] = []
+        self._changed = threading.Condition()
+        rt.subscribe(self._on_event)
+
+    def _on_event(self, event: Any) -> None:
+        with self._changed:
+            self.seen.append(event)
+            self._changed.notify_all()
+
+    def wait(self, match: Callable[[Any], bool], timeout: float = WAIT) -> Any:
+        with self._changed:
+            found: list[Any] = []
+
+            def ready() -> bool:
+                found[:] = [e for e in self.seen if match(e)]
+                return bool(found)
+
+            assert self._changed.wait_for(ready, timeout), "no such event in time"
+            return found[0]
+
+
+def requested(session: str = "s") -> Callable[[Any], bool]:
+    return lambda e: isinstance(e, ApprovalRequested) and e.session == session
+
+
+def ended(session: str = "s") -> Callable[[Any], bool]:
+    return lambda e: isinstance(e, TurnEnded) and e.session == session
+
+
+def tool_texts(request: ModelRequest) -> str:
+    return "\n".join(m.content or "" for m in request.messages if m.role == "tool")
+
+
+ran: list[str] = []
+
+
+@port_tool(approval=True)
+def deploy(env: str) -> str:
+    """Deploy to an environment.
+
+    Args:
+        env: Where to.
+    """
+    ran.append(env)
+    return f"deployed to {env}"
+
+
+@port_tool
+def status(env: str) -> str:
+    """The status of an environment.
+
+    Args:
+        env: Which.
+    """
+    return f"{env} is green"
+
+
+def deploy_script(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return calls(("deploy", {"env": "prod"}), ("status", {"env": "prod"}))
+    return reply(tool_texts(request))
+
+
+def test_an_approved_call_runs_and_the_others_ran_meanwhile(loopd_runtime) -> None:
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    request = events.wait(requested())
+    assert (request.call_id, request.tool, request.untrusted) == (1, "deploy", False)
+    assert request.arguments == '{"env": "prod"}'
+    # The other call of the answer ran while this one waits.
+    events.wait(lambda e: getattr(e, "name", None) == "status" and hasattr(e, "denied"))
+    assert ran == []
+    assert rt.pending_approvals() == (request,)
+    settled = rt.approve("s", 1, note="go")
+    assert isinstance(settled, ApprovalSettled) and settled.approved
+    end = events.wait(ended())
+    assert end.completed
+    assert ran == ["prod"]
+    assert rt.pending_approvals() == ()
+    # Results went back in call order.
+    history = [m for m in rt_history(rt, "s") if m.role == "tool"]
+    assert [m.tool_call_id for m in history] == [1, 2]
+    assert history[0].content == "deployed to prod"
+
+
+def rt_history(rt: Runtime, session: str) -> list[Any]:
+    from actors.stores.open import open_store
+
+    store = open_store(rt.config)
+    try:
+        return list(store.open(session).transcript)
+    finally:
+        store.close()
+
+
+def test_a_declined_call_answers_the_denial_and_a_second_decision_is_refused(
+    loopd_runtime,
+) -> None:
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    settled = rt.deny("s", 1, "not on a Friday")
+    assert isinstance(settled, ApprovalSettled) and not settled.approved
+    again = rt.approve("s", 1)
+    assert isinstance(again, ApprovalRefused)
+    assert again.detail == "call 1 of session s is not waiting for a decision"
+    events.wait(ended())
+    tools = [m for m in rt_history(rt, "s") if m.role == "tool"]
+    assert tools[0].content == "Denied: a person declined this call: not on a Friday."
+    assert ran == []
+
+
+def test_a_call_nobody_decides_is_declined_at_the_timeout(loopd_runtime) -> None:
+    rt = loopd_runtime(deploy_script, tools=[deploy, status], approvals={"timeout_s": 0.2})
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    settled = events.wait(lambda e: isinstance(e, ApprovalSettled))
+    assert not settled.approved
+    events.wait(ended())
+    tools = [m for m in rt_history(rt, "s") if m.role == "tool"]
+    assert tools[0].content == "Denied: a person declined this call: no decision within 0.2 s."
