@@ -3,8 +3,14 @@ resume when one comes. Real actors, a real SQLite store; every wait has a deadli
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from actors import Runtime, port_tool
@@ -150,3 +156,78 @@ def test_a_call_nobody_decides_is_declined_at_the_timeout(loopd_runtime) -> None
     events.wait(ended())
     tools = [m for m in rt_history(rt, "s") if m.role == "tool"]
     assert tools[0].content == "Denied: a person declined this call: no decision within 0.2 s."
+
+
+def test_a_wait_survives_a_stop_and_the_decision_resumes_the_turn(loopd_runtime) -> None:
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    request = events.wait(requested())
+    events.wait(lambda e: getattr(e, "name", None) == "status" and hasattr(e, "denied"))
+    rt.stop()
+    again = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
+    later = Events(again)
+    assert again.pending_approvals() == (request,)
+    # The session is held by its waiting call: a new turn is busy.
+    busy = again.run_turn("s", "anything?", timeout=WAIT)
+    assert getattr(busy, "reason", None) == "busy"
+    settled = again.approve("s", 1)
+    assert isinstance(settled, ApprovalSettled)
+    end = later.wait(ended())
+    assert end.completed, end
+    assert ran == ["prod"]
+    transcript = rt_history(again, "s")
+    tools = [m for m in transcript if m.role == "tool"]
+    assert sorted(m.tool_call_id for m in tools) == [1, 2]
+    assert {m.tool_call_id: m.content for m in tools}[2] == "prod is green"  # kept from before
+    assert again.pending_approvals() == ()
+    # Call ids continue after the resumed turn.
+    again.send_turn("s", "and again")
+    next_request = later.wait(lambda e: requested()(e) and e.call_id == 3)
+    assert next_request.tool == "deploy"
+    assert isinstance(again.deny("s", 3, "once is enough"), ApprovalSettled)
+    later.wait(lambda e: ended()(e) and e is not end)
+    ids = [c.id for m in rt_history(again, "s") for c in m.tool_calls]
+    assert ids == [1, 2, 3, 4]
+
+
+DRIVER = Path(__file__).with_name("approval_driver.py")
+
+
+def test_a_wait_survives_a_sigkill_and_the_turn_completes(loopd_runtime, loopd_config) -> None:
+    ran.clear()
+    home = loopd_config.home
+    proc = subprocess.Popen(
+        [sys.executable, str(DRIVER), home],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()))
+        reader.start()
+        reader.join(30)
+        assert line and line[0], "the driver printed nothing"
+        printed = json.loads(line[0])
+    finally:
+        proc.kill()  # SIGKILL: no stop, nothing flushed but what the store committed
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    (request,) = rt.pending_approvals()
+    assert (request.session, request.call_id, request.tool) == ("s", 1, "deploy")
+    assert request.at.isoformat() == printed["at"]
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    end = events.wait(ended())
+    assert end.completed, end
+    assert ran == ["prod"]
+    transcript = rt_history(rt, "s")
+    calls_made = [c.id for m in transcript for c in m.tool_calls]
+    answered = sorted(m.tool_call_id for m in transcript if m.role == "tool")
+    assert calls_made == answered == [1, 2]  # a valid transcript: every call answered once
+    assert transcript[-1].role == "assistant" and "deployed to prod" in (
+        transcript[-1].content or ""
+    )
