@@ -22,7 +22,16 @@ from actors.services.tool_loop import tools_on
 from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool
 from actors.tracing.base import Tracer
-from messages import CancelTurn, SubagentStarted, TurnEvent, TurnOutcome, check_session_id
+from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
+    CancelTurn,
+    SubagentStarted,
+    TurnEvent,
+    TurnOutcome,
+    check_session_id,
+)
 
 __all__ = ["AsyncRuntime", "AsyncStart"]
 
@@ -152,6 +161,24 @@ class AsyncRuntime:
         """Cancel ``session``'s running turn and its children; the ids that were cancelled."""
         check_session_id(session)
         return await asyncio.to_thread(self.runtime.cancel, session, timeout)
+
+    async def pending_approvals(self, timeout: float = 10.0) -> tuple[ApprovalRequested, ...]:
+        """The calls waiting for a person's decision, oldest ``at`` first."""
+        return await asyncio.to_thread(self.runtime.pending_approvals, timeout)
+
+    async def approve(
+        self, session: str, call_id: int, note: str | None = None, timeout: float = 10.0
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say yes to a waiting call (see :meth:`Runtime.approve`)."""
+        check_session_id(session)
+        return await asyncio.to_thread(self.runtime.approve, session, call_id, note, timeout)
+
+    async def deny(
+        self, session: str, call_id: int, reason: str, timeout: float = 10.0
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say no to a waiting call (see :meth:`Runtime.deny`)."""
+        check_session_id(session)
+        return await asyncio.to_thread(self.runtime.deny, session, call_id, reason, timeout)
 
     async def events(self, session: str | None = None) -> AsyncIterator[TurnEvent]:
         """Every turn event from now on (only ``session``'s and its children's, if given).

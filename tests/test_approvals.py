@@ -3,6 +3,7 @@ resume when one comes. Real actors, a real SQLite store; every wait has a deadli
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -406,3 +407,91 @@ def test_the_untrusted_flag_is_shown_and_denials_are_kept(loopd_runtime) -> None
     tools = {m.tool_call_id: m.content for m in rt_history(rt, "s") if m.role == "tool"}
     assert tools[2] == "Denied: a person declined this call: injected."
     assert tools[3].startswith("Denied: this session has read untrusted data")
+
+
+def test_async_runtime_lists_approves_and_denies(tmp_path: Path) -> None:
+    from actors import Config
+    from actors.aio import AsyncRuntime
+    from actors.testing import ScriptedModel
+
+    async def main() -> None:
+        cfg = Config(home=str(tmp_path / "home"))
+        model = ScriptedModel(deploy_script)
+        async with await AsyncRuntime.start(cfg, model=model, tools=[deploy, status]) as rt:
+            feed = rt.events("s")
+            task = asyncio.create_task(rt.run_turn("s", "ship it", timeout=WAIT))
+            async for event in feed:
+                if isinstance(event, ApprovalRequested):
+                    break
+            (request,) = await rt.pending_approvals()
+            assert request.call_id == 1
+            refused = await rt.deny("s", 9, "no such call")
+            assert isinstance(refused, ApprovalRefused)
+            settled = await rt.approve("s", 1)
+            assert isinstance(settled, ApprovalSettled)
+            outcome = await task
+            assert isinstance(outcome, TurnCompleted)
+            assert "deployed to prod" in outcome.content
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+def test_the_cli_lists_and_settles_on_a_home_no_runtime_holds(loopd_runtime, capsys) -> None:
+    from actors.shells.cli import main
+
+    ran.clear()
+    rt = loopd_runtime(untrusted_script, tools=[deploy, fetch])
+    events = Events(rt)
+    assert isinstance(rt.run_turn("s", "read", timeout=WAIT), TurnCompleted)
+    rt.send_turn("s", "now deploy")
+    events.wait(requested())
+    home = rt.config.home
+    # A runtime holds the home: the CLI refuses to write behind it.
+    assert main(["approve", "s", "2", "--home", home]) == 2
+    assert "in use by another loopd runtime" in capsys.readouterr().err
+    rt.stop()
+    assert main(["approvals", "--home", home]) == 0
+    listing = capsys.readouterr().out
+    assert "deploy" in listing and "UNTRUSTED" in listing
+    assert main(["approve", "s", "2", "--home", home, "--note", "checked"]) == 0
+    capsys.readouterr()
+    assert main(["deny", "s", "2", "--home", home, "--reason", "late"]) == 1
+    assert capsys.readouterr().out.strip() == "call 2 of session s is not waiting for a decision"
+    assert main(["approvals", "--home", home]) == 0
+    assert capsys.readouterr().out.strip() == "no call waits for a decision"
+    # The next start carries the decision out: the turn resumes and completes.
+    again = loopd_runtime(untrusted_script, tools=[deploy, fetch], config=rt.config)
+    later = Events(again)
+    end = later.wait(ended())
+    assert end.completed
+    assert ran == ["prod"]
+    assert stored_approvals(again) == []
+
+
+def test_the_repl_helpers_show_untrusted_and_decide(loopd_runtime, capsys) -> None:
+    from actors.shells.repl import Helpers
+
+    rt = loopd_runtime(untrusted_script, tools=[deploy, fetch])
+    events = Events(rt)
+    assert isinstance(rt.run_turn("s", "read", timeout=WAIT), TurnCompleted)
+    rt.send_turn("s", "now deploy")
+    events.wait(requested())
+    helpers = Helpers(rt)
+    names = helpers.namespace()
+    (request,) = names["approvals"]()
+    assert request.untrusted
+    assert "UNTRUSTED" in capsys.readouterr().out
+    assert isinstance(names["deny"]("s", 2, "no"), ApprovalSettled)
+    assert isinstance(names["approve"]("s", 2), ApprovalRefused)
+
+
+def test_the_live_lines_show_requests_and_decisions() -> None:
+    from actors.shells.render import render_event
+
+    request = ApprovalRequested(
+        session="s", call_id=2, tool="deploy", arguments='{"env": "prod"}', untrusted=True
+    )
+    line = render_event(request)
+    assert line.endswith('call 2 deploy waits for a person (untrusted session): {"env": "prod"}')
+    settled = ApprovalSettled(session="s", call_id=2, approved=False)
+    assert render_event(settled).endswith("call 2 declined")
