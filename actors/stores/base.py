@@ -131,6 +131,10 @@ class StoreBackend(Protocol):
         """Every stored approval, oldest first."""
         ...
 
+    def settle_approval(self, session: str, call_id: int, approved: bool, reason: str = "") -> bool:
+        """Record a decision in a transaction of its own; False if the call is not waiting."""
+        ...
+
     def close(self) -> None:
         """Close the store; later calls raise ``StoreError``."""
         ...
