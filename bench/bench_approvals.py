@@ -123,13 +123,11 @@ def main() -> int:
         done_s = time.perf_counter() - start
         print(f"sessions waiting for a person: {len(pending)} of {n} (home {home})")
         print(f"  to stored and announced: {waited_s:.1f} s ({n / waited_s:,.0f} calls/s)")
-        print(
-            f"  RSS {rss0:.0f} MiB before, {rss1:.0f} MiB waiting: {(rss1 - rss0) * 1024 / n:.1f} KiB each"
-        )
+        each = (rss1 - rss0) * 1024 / n
+        print(f"  RSS {rss0:.0f} MiB before, {rss1:.0f} MiB waiting: {each:.1f} KiB each")
         print(f"  threads {threads0} before, {threads1} waiting (pid {os.getpid()})")
-        print(
-            f"  approve all (one Runtime.approve each): {settled_s:.1f} s; all turns ended {done_s:.1f} s"
-        )
+        print(f"  approve all (one Runtime.approve each): {settled_s:.1f} s")
+        print(f"  all turns ended: {done_s:.1f} s")
     finally:
         rt.stop(timeout=60)
     return 0
