@@ -24,6 +24,8 @@ __all__ = [
     "DenyCall",
     "DropApprovals",
     "ListApprovals",
+    "Park",
+    "Parked",
     "Resume",
     "SettleApproval",
     "StoreApproval",
@@ -122,3 +124,18 @@ class Resume(Message, frozen=True):
 
     decisions: tuple[ApprovalDecision, ...] = ()
     waiting: tuple[CallId, ...] = ()
+
+
+class Park(Message, frozen=True):
+    """The Context asks a session whose calls wait for a person to stop its turn for now (to
+    passivate it): the turn stores the results it has and ends unpublished, answered
+    ``Parked``; a decision later resumes it from the store."""
+
+
+class Parked(Message, frozen=True):
+    """A session's answer to ``Park``: ``parked``, or not (its turn is still doing other work,
+    or no longer waits); ``incarnation`` names the actor that answers."""
+
+    session: SessionId
+    incarnation: int
+    parked: bool

@@ -495,3 +495,30 @@ def test_the_live_lines_show_requests_and_decisions() -> None:
     assert line.endswith('call 2 deploy waits for a person (untrusted session): {"env": "prod"}')
     settled = ApprovalSettled(session="s", call_id=2, approved=False)
     assert render_event(settled).endswith("call 2 declined")
+
+
+def test_a_waiting_session_is_passivated_and_the_decision_resumes_it(loopd_runtime) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from messages import Tick
+
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    outcome: list[Any] = []
+    waiter = threading.Thread(target=lambda: outcome.append(rt.run_turn("s", "go", timeout=WAIT)))
+    waiter.start()
+    events.wait(requested())
+    events.wait(lambda e: getattr(e, "name", None) == "status" and hasattr(e, "denied"))
+    actor = rt.directory.get("session:s")
+    # The sweep's look, an hour on: the call has waited past sessions.idle_s.
+    rt.context.tell(Tick(now=datetime.now(UTC) + timedelta(hours=1)))
+    assert actor.actor_stopped.wait(WAIT)  # type: ignore[union-attr]
+    assert "s" not in rt.live()
+    assert [r.call_id for r in rt.pending_approvals()] == [1]
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    waiter.join(WAIT)
+    (done,) = outcome
+    assert isinstance(done, TurnCompleted)  # the first caller hears the resumed turn's end
+    assert done.content == "deployed to prod\nprod is green"
+    assert ran == ["prod"]

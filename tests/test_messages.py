@@ -300,6 +300,8 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.SettleApproval: lambda: messages.SettleApproval("mm-thread", 3, False, "no"),
     messages.DropApprovals: lambda: messages.DropApprovals("mm-thread", (3, 4)),
     messages.ListApprovals: lambda: messages.ListApprovals(),
+    messages.Park: lambda: messages.Park(),
+    messages.Parked: lambda: messages.Parked("mm-thread", 3, True),
     messages.Resume: lambda: messages.Resume((messages.ApprovalDecision(3, True),), (4,)),
     messages.CancelTurn: lambda: messages.CancelTurn("mm-thread", "by the user"),
     messages.CancelModelRequest: lambda: messages.CancelModelRequest("mm-thread", 12),

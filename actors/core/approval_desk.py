@@ -27,7 +27,16 @@ from actors.core.approvals import (
     timeout_reason,
 )
 from actors.core.context_effects import CancelTimer as CancelChildTimer
-from actors.core.context_effects import ContextEffect, Emit, Reply, StartTimer, ToSession, ToStore
+from actors.core.context_effects import (
+    ContextEffect,
+    Emit,
+    Reply,
+    StartTimer,
+    StopSession,
+    TellSession,
+    ToSession,
+    ToStore,
+)
 from actors.core.dispatch import descends_from
 from actors.core.holds import Hold
 from messages import (
@@ -38,6 +47,8 @@ from messages import (
     ApproveCall,
     DenyCall,
     DropApprovals,
+    Park,
+    Parked,
     Resume,
     SettleApproval,
     StoredApproval,
@@ -60,6 +71,8 @@ class ApprovalDesk:
         self.book = ApprovalBook()
         self.paused: set[str] = set()
         """Children whose ``loop.child_timeout_s`` timer is paused while a call waits."""
+        self.parking: dict[str, list[ApprovalDecision]] = {}
+        """Sessions told ``Park``, with the decisions that came meanwhile."""
 
     # Requests.
 
@@ -114,8 +127,9 @@ class ApprovalDesk:
         timers: Effects = [CancelApprovalTimer(session, call_id) for call_id in ids]
         return [*timers, ToStore(DropApprovals(session, ids))]
 
-    def parked(self, session: str) -> bool:
-        """Whether ``session`` is held only because its calls wait since the start."""
+    def stored_only(self, session: str) -> bool:
+        """Whether ``session``'s turn is parked: its calls wait in the store, no actor runs it
+        (since the start, or passivated)."""
         waiting = self.book.of(session)
         return bool(waiting) and not any(w.live for w in waiting)
 
@@ -156,7 +170,9 @@ class ApprovalDesk:
         effects += self._reply(reply_to, settled)
         # Only the reason a person gave goes to the model; a note stays with the decision.
         decision = ApprovalDecision(call_id, approved, "" if approved else reason)
-        if waiting.live:
+        if waiting.live and session in self.parking and session in self.state.live:
+            self.parking[session].append(decision)  # carried out once it answers Parked
+        elif waiting.live:
             effects.append(ToSession(session, decision))
         else:
             effects += self._resume(session, [decision])
@@ -165,6 +181,45 @@ class ApprovalDesk:
     @staticmethod
     def _reply(to: str | None, message: ApprovalSettled | ApprovalRefused) -> Effects:
         return [Reply(to, message)] if to is not None else []
+
+    # Passivating a session that waits.
+
+    def passivate(self, now: float, idle_s: float) -> Effects:
+        """Ask every live top-level session whose calls have waited ``idle_s`` to park, so
+        its actor can go (``sessions.idle_s``); it answers ``Parked``."""
+        effects: Effects = []
+        state = self.state
+        for request in self.book.pending():
+            session = request.session
+            if now - request.at.timestamp() < idle_s:
+                break  # oldest first: the rest waited less
+            hold, live = state.holds.get(session), state.live.get(session)
+            if session in self.parking or hold is None or hold.is_child or live is None:
+                continue
+            if live.incarnation != hold.incarnation or not all(
+                w.live for w in self.book.of(session)
+            ):
+                continue
+            self.parking[session] = []
+            effects.append(TellSession(session, live.incarnation, live.ref, Park()))
+        return effects
+
+    def parked(self, msg: Parked) -> Effects:
+        """A session's answer to ``Park``: parked, its actor goes and its calls wait in the
+        store (a decision resumes it); not parked, the decisions that came meanwhile go on."""
+        decisions = self.parking.pop(msg.session, [])
+        state = self.state
+        hold, live = state.holds.get(msg.session), state.live.get(msg.session)
+        if not msg.parked or hold is None or live is None or live.incarnation != msg.incarnation:
+            return [ToSession(msg.session, d) for d in decisions]
+        for waiting in self.book.of(msg.session):
+            waiting.live = False
+        del state.live[msg.session]
+        hold.incarnation = 0  # its actor's SessionStopped then changes nothing
+        effects: Effects = [StopSession(live.ref), *state.give_back(msg.session)]
+        if decisions:
+            effects += self._resume(msg.session, decisions)
+        return effects
 
     # Resuming a turn that was cut off.
 

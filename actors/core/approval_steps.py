@@ -28,6 +28,7 @@ from actors.core.turn_effects import (
     Effect,
     Emit,
     ForgetApprovals,
+    Persist,
 )
 from messages import (
     ApprovalDecision,
@@ -44,7 +45,7 @@ from messages import (
 if TYPE_CHECKING:
     from actors.core.turn import Turn
 
-__all__ = ["ApprovalWait", "open_calls", "resume"]
+__all__ = ["ApprovalWait", "call_ordered", "open_calls", "park", "resume"]
 
 
 @dataclass
@@ -145,6 +146,54 @@ def dropped(turn: Turn, park: bool) -> list[Effect]:
     if not held or park:
         return []
     return [DropWaiting(held)]
+
+
+def park(turn: Turn) -> list[Effect] | None:
+    """Stop the turn for now, if only calls waiting for a person are left (every other call
+    has its result and every request is stored): store those results, keep the waiting calls
+    unanswered (their requests stay stored), and end unpublished. None: it cannot park now."""
+    held = turn.wait.held
+    if not held or turn.wait.storing:
+        return None
+    if any(c.id not in turn._results and c.id not in held for c in turn._calls):
+        return None
+    results = tuple(
+        ChatMessage(role="tool", content=turn._results[c.id].text, tool_call_id=c.id)
+        for c in turn._calls
+        if c.id in turn._results
+    )
+    held.clear()
+    if not results:
+        return []
+    turn.state.extend(results)
+    return [Persist(next(turn.ids), results)]
+
+
+def call_ordered(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """``messages`` with the results of each answer in its calls' order.
+
+    A turn parked or cut off while a call waited for a person stores the other results first
+    and the decided one later; the model still reads them in call order. ``messages`` itself
+    when every run of results is in order (the usual case: nothing is copied).
+    """
+    out: list[ChatMessage] | None = None
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        i += 1
+        if message.role != "assistant" or len(message.tool_calls) < 2:
+            continue
+        end = i
+        while end < len(messages) and messages[end].role == "tool":
+            end += 1
+        order = {c.id: n for n, c in enumerate(message.tool_calls)}
+        run = messages[i:end]
+        ranked = sorted(run, key=lambda m: order.get(m.tool_call_id or 0, len(order)))
+        if ranked != list(run):
+            out = list(messages) if out is None else out
+            out[i:end] = ranked
+        i = end
+    return messages if out is None else tuple(out)
 
 
 def open_calls(transcript: Sequence[ChatMessage]) -> tuple[list[ToolCall], int]:

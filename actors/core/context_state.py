@@ -154,8 +154,15 @@ class ContextState:
         stop working."""
         effects: Effects = []
         for hold in self.holds.drain():
-            if hold.answered or self.desk.parked(hold.session):
-                continue  # a turn cut off while its calls wait: the next start resumes it
+            if hold.answered:
+                continue
+            if self.desk.stored_only(hold.session):
+                # Its calls wait in the store, and the next start resumes the turn; a waiter
+                # (a turn passivated while it waited) still hears of the stop.
+                if hold.reply_to is not None:
+                    failed = TurnFailed(hold.session, FailReason.CANCELLED, detail)
+                    effects.append(Reply(hold.reply_to, failed))
+                continue
             # A session that gets the Cancel ends its turn (storing what keeps its transcript
             # valid) and emits its own TurnEnded; its answer to us would come too late.
             if hold.parent is not None:
@@ -509,6 +516,10 @@ class ContextState:
         effects += self._release(session)
         return (None if hold.answered else hold), effects
 
+    def give_back(self, session: str) -> Effects:
+        """:meth:`_give_back`, for the approval desk."""
+        return self._give_back(session)
+
     def _give_back(self, session: str) -> Effects:
         """``session``'s actor is gone: a store with per-session locks may now let another
         process run it. Told only to such a store: for SQLite it would be a wake-up of the
@@ -548,6 +559,8 @@ class ContextState:
         effects: Effects = []
         for session in self.idle.expired(now.timestamp()):
             effects += self._passivate(session, "sessions.idle_s")
+        if self.idle.idle_s > 0:  # and the sessions whose calls waited as long for a person
+            effects += self.desk.passivate(now.timestamp(), self.idle.idle_s)
         if tick.now is None:
             effects += self._arm_sweep()
         return effects

@@ -223,6 +223,15 @@ class Turn:
             return []
         return approval_steps.decided(self, decision)
 
+    def park(self) -> list[Effect] | None:
+        """Stop for now while only calls waiting for a person are left, to be resumed from
+        the store (``approval_steps.park``); None if the turn cannot park now."""
+        effects = approval_steps.park(self) if self.phase is _Phase.CALLING else None
+        if effects is not None:
+            self.phase = _Phase.DONE
+            self._finished = True
+        return effects
+
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
         if request_id in self.wait.storing:
@@ -479,7 +488,7 @@ class Turn:
         self.phase = _Phase.ASKING
         self._asked_len = len(self.state.transcript)
         sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
-        request = self._request(self.state.messages())
+        request = self._request(approval_steps.call_ordered(self.state.messages()))
         return [Emit(sent), request]
 
     def _request(self, messages: tuple[ChatMessage, ...]) -> RequestModel:

@@ -60,6 +60,7 @@ from messages import (
     ListApprovals,
     MemoryWarning,
     ModelRequest,
+    Parked,
     Remember,
     ScheduledTurn,
     SessionCrashed,
@@ -203,6 +204,8 @@ class ContextActor(DispatchedActor):
             effects = state.desk.timed_out(message)
         elif isinstance(message, DropApprovals):
             effects = state.desk.dropped(message)
+        elif isinstance(message, Parked):
+            effects = state.desk.parked(message)
         elif isinstance(message, ListApprovals):
             return state.desk.book.pending()
         else:

@@ -61,6 +61,8 @@ from messages import (
     ModelAnswer,
     ModelError,
     ModelRequest,
+    Park,
+    Parked,
     PortCall,
     Remember,
     RequestOptions,
@@ -173,7 +175,7 @@ class SessionActor(DispatchedActor):
             effects = turn.cancel(FailReason.CRASHED, detail)
             # Store the results that keep the transcript valid and stop the work in flight;
             # nothing else of the turn.
-            kept = (Persist, CancelModel, CancelPort)
+            kept = (Persist, CancelModel, CancelPort, DropWaiting)
             self._carry_out([e for e in effects if isinstance(e, kept)])
         except Exception:
             log.exception("%s: could not store the repair of its cut-off turn", self.state.id)
@@ -185,6 +187,8 @@ class SessionActor(DispatchedActor):
             return self.record()
         if isinstance(message, RunTurn):
             return self._start(message)
+        if isinstance(message, Park):
+            return self._park()
         if isinstance(message, ModelAnswer) and self.env.budgeted:
             # Told before anything the answer leads to, so the Context counts it before this
             # session's next request; an answer its turn no longer wants was spent all the same.
@@ -217,6 +221,17 @@ class SessionActor(DispatchedActor):
             return None
         self._carry_out(effects)
         return None
+
+    def _park(self) -> None:
+        """The Context passivates this session while its calls wait for a person: park the
+        turn if only those are left, and say whether it did."""
+        turn = self.turn
+        effects = turn.park() if turn is not None else None
+        if effects is not None:
+            self._carry_out(effects)
+            self.turn = None
+        parked = Parked(self.state.id, self.incarnation, effects is not None)
+        self.env.directory.tell(CONTEXT, parked)
 
     def _start(self, message: RunTurn) -> None:
         if self.turn is not None:
