@@ -522,3 +522,39 @@ def test_a_waiting_session_is_passivated_and_the_decision_resumes_it(loopd_runti
     assert isinstance(done, TurnCompleted)  # the first caller hears the resumed turn's end
     assert done.content == "deployed to prod\nprod is green"
     assert ran == ["prod"]
+
+
+def test_which_calls_wait_names_patterns_profiles_and_marked_tools() -> None:
+    from actors import Config
+    from actors.core.approvals import approval_policies, timeout_reason
+
+    config = Config.from_toml(
+        """
+        [approvals]
+        tools = ["send_email", "github__*"]
+        timeout_s = 86400
+        [agents.ops]
+        approve = ["restart"]
+        """
+    )
+    policies = approval_policies(config, marked=["deploy"])
+    default, ops = policies["default"], policies["ops"]
+    assert default.needs("send_email") and default.needs("github__merge")
+    assert default.needs("deploy")  # @port_tool(approval=True)
+    assert not default.needs("github_merge") and not default.needs("restart")
+    assert ops.needs("restart") and ops.needs("send_email")
+    assert timeout_reason(config.approvals.timeout_s) == "no decision within 86400 s"
+    assert timeout_reason(604800.0) == "no decision within 604800 s"
+    assert timeout_reason(0.25) == "no decision within 0.25 s"
+
+
+def test_a_profiles_approve_list_makes_its_calls_wait(loopd_runtime, loopd_config) -> None:
+    from actors.core.config import AgentConfig
+
+    config = loopd_config.replace(agents={"ops": AgentConfig(approve=("status",))})
+    rt = loopd_runtime(deploy_script, tools=[deploy, status], config=config)
+    events = Events(rt)
+    rt.send_turn("s", "ship it", agent="ops")
+    first = events.wait(requested())
+    second = events.wait(lambda e: requested()(e) and e is not first)
+    assert sorted((first.tool, second.tool)) == ["deploy", "status"]
