@@ -558,3 +558,28 @@ def test_a_profiles_approve_list_makes_its_calls_wait(loopd_runtime, loopd_confi
     first = events.wait(requested())
     second = events.wait(lambda e: requested()(e) and e is not first)
     assert sorted((first.tool, second.tool)) == ["deploy", "status"]
+
+
+def test_the_wait_is_two_events_on_the_calls_span(loopd_runtime) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from actors.tracing.otel import OtelTracer
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = OtelTracer(tracer_provider=provider)
+    rt = loopd_runtime(deploy_script, tools=[deploy, status], tracer=tracer)
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    events.wait(ended())
+    rt.stop()  # every span ended and exported
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool deploy"]
+    assert [(e.name, dict(e.attributes or {})) for e in span.events] == [
+        ("loopd.approval.requested", {"loopd.untrusted": False}),
+        ("loopd.approval.settled", {"loopd.approved": True}),
+    ]
