@@ -583,3 +583,36 @@ def test_the_wait_is_two_events_on_the_calls_span(loopd_runtime) -> None:
         ("loopd.approval.requested", {"loopd.untrusted": False}),
         ("loopd.approval.settled", {"loopd.approved": True}),
     ]
+
+
+def test_a_stale_request_whose_call_has_its_result_is_dropped(loopd_runtime) -> None:
+    from actors.core.approvals import stored_approval
+    from actors.stores.open import open_store
+    from messages import ToolCall
+
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    request = events.wait(requested())
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    events.wait(ended())
+    rt.stop()
+    # As if a crash came between storing the call's result and forgetting its request.
+    store = open_store(rt.config)
+    try:
+        call = ToolCall(1, "deploy", request.arguments)
+        entry = stored_approval("s", call, False, request.at, 600.0)
+        store.run_batch([("s", lambda cur: store.add_approval_in(cur, entry))])
+    finally:
+        store.close()
+    again = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
+    later = Events(again)
+    assert [r.call_id for r in again.pending_approvals()] == [1]
+    assert isinstance(again.approve("s", 1), ApprovalSettled)
+    end = later.wait(ended())
+    assert end.completed  # the stored turn had ended: nothing runs again
+    assert ran == ["prod"]
+    assert isinstance(again.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
+    assert stored_approvals(again) == []
+    assert again.pending_approvals() == ()

@@ -216,13 +216,18 @@ def open_calls(transcript: Sequence[ChatMessage]) -> tuple[list[ToolCall], int]:
 def resume(turn: Turn, order: Resume) -> list[Effect]:
     """Continue the turn the stored transcript cut off (see the module's doc)."""
     state = turn.state
-    event = Emit(TurnStarted(session=state.id, slot=state.slot))
+    started: list[Effect] = [Emit(TurnStarted(session=state.id, slot=state.slot))]
     calls, turn._turn_start = open_calls(state.transcript)
+    # A request whose call has its result stored (a crash between the two writes) is stale.
+    open_ids = {c.id for c in calls}
+    stale = sorted(({d.call_id for d in order.decisions} | set(order.waiting)) - open_ids)
+    if stale:
+        started.append(DropWaiting(tuple(stale)))
     if not calls:
         last = state.transcript[-1] if state.transcript else None
         if last is None or last.role != "assistant":
-            return [event, *turn._ask()]
-        return [event, *turn.finish_turn(TurnCompleted(state.id, last.content or ""))]
+            return [*started, *turn._ask()]
+        return [*started, *turn.finish_turn(TurnCompleted(state.id, last.content or ""))]
     turn.wait.decided = {d.call_id: d for d in order.decisions}
     turn.wait.rewait = set(order.waiting)
     turn._calls, turn._results = calls, {}
@@ -234,4 +239,4 @@ def resume(turn: Turn, order: Resume) -> list[Effect]:
             continue
         text = unanswered_text(state, turn.registry, call, now)
         turn._results[call.id] = ToolResult(call.id, text, denied=text.startswith("Denied"))
-    return [event, *turn._dispatch(todo)]
+    return [*started, *turn._dispatch(todo)]
