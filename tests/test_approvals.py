@@ -616,3 +616,29 @@ def test_a_stale_request_whose_call_has_its_result_is_dropped(loopd_runtime) -> 
     assert isinstance(again.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
     assert stored_approvals(again) == []
     assert again.pending_approvals() == ()
+
+
+def two_deploys(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return calls(("deploy", {"env": "prod"}), ("deploy", {"env": "eu"}))
+    return reply(tool_texts(request))
+
+
+def test_two_waiting_calls_after_a_restart_both_decided_at_once(loopd_runtime) -> None:
+    ran.clear()
+    rt = loopd_runtime(two_deploys, tools=[deploy])
+    events = Events(rt)
+    rt.send_turn("s", "ship both")
+    events.wait(lambda e: requested()(e) and e.call_id == 2)
+    events.wait(lambda e: requested()(e) and e.call_id == 1)
+    rt.stop()
+    again = loopd_runtime(two_deploys, tools=[deploy], config=rt.config)
+    later = Events(again)
+    # The second decision comes while the first one's resume is still opening the session.
+    assert isinstance(again.approve("s", 1), ApprovalSettled)
+    assert isinstance(again.deny("s", 2, "not eu"), ApprovalSettled)
+    end = later.wait(ended())
+    assert end.completed
+    assert ran == ["prod"]
+    texts = [m.content for m in rt_history(again, "s") if m.role == "tool"]
+    assert texts == ["deployed to prod", "Denied: a person declined this call: not eu."]

@@ -173,10 +173,24 @@ class ApprovalDesk:
         if waiting.live and session in self.parking and session in self.state.live:
             self.parking[session].append(decision)  # carried out once it answers Parked
         elif waiting.live:
-            effects.append(ToSession(session, decision))
+            effects += self._deliver(session, decision)
         else:
             effects += self._resume(session, [decision])
         return effects + self._unpause()
+
+    def _deliver(self, session: str, decision: ApprovalDecision) -> Effects:
+        """Tell the turn its decision: to its actor's ref (so it queues behind the RunTurn
+        that resumed it), or, while the resumed session is still being opened, into the
+        resume it will start with."""
+        state = self.state
+        live, hold = state.live.get(session), state.holds.get(session)
+        if live is not None:
+            return [TellSession(session, live.incarnation, live.ref, decision)]
+        if hold is not None and hold.resume is not None:
+            waiting = tuple(c for c in hold.resume.waiting if c != decision.call_id)
+            hold.resume = Resume((*hold.resume.decisions, decision), waiting)
+            return []
+        return [ToSession(session, decision)]
 
     @staticmethod
     def _reply(to: str | None, message: ApprovalSettled | ApprovalRefused) -> Effects:
