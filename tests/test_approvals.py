@@ -642,3 +642,35 @@ def test_two_waiting_calls_after_a_restart_both_decided_at_once(loopd_runtime) -
     assert ran == ["prod"]
     texts = [m.content for m in rt_history(again, "s") if m.role == "tool"]
     assert texts == ["deployed to prod", "Denied: a person declined this call: not eu."]
+
+
+def test_approve_and_deny_over_real_http(loopd_runtime, chat_server, loopd_config) -> None:
+    from actors import ModelConfig
+
+    ran.clear()
+
+    def answer(body: dict[str, Any]) -> Any:
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            return calls(("deploy", {"env": "prod"}), ("deploy", {"env": "eu"}))
+        return reply("\n".join(m["content"] for m in body["messages"] if m["role"] == "tool"))
+
+    server = chat_server(answer)
+    model = ModelConfig(base_url=server.base_url, retries=0)
+    rt = loopd_runtime(config=loopd_config.replace(model=model), tools=[deploy])
+    events = Events(rt)
+    rt.send_turn("s", "ship both")
+    events.wait(lambda e: requested()(e) and e.call_id == 2)
+    assert isinstance(rt.deny("s", 2, "eu is frozen"), ApprovalSettled)
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    end = events.wait(ended())
+    assert end.completed
+    assert ran == ["prod"]
+    assert server.errors == []
+    # What went over the wire: both results, in call order, after the answer that asked.
+    sent = server.requests[-1]["messages"]
+    assert [m.get("tool_call_id") for m in sent if m["role"] == "tool"] == ["call_1", "call_2"]
+    assert [m["content"] for m in sent if m["role"] == "tool"] == [
+        "deployed to prod",
+        "Denied: a person declined this call: eu is frozen.",
+    ]
