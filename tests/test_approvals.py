@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors import Runtime, port_tool
+from actors import Runtime, ToolContext, port_tool
 from actors.testing import calls, reply
 from messages import (
     ApprovalRefused,
@@ -674,3 +674,41 @@ def test_approve_and_deny_over_real_http(loopd_runtime, chat_server, loopd_confi
         "deployed to prod",
         "Denied: a person declined this call: eu is frozen.",
     ]
+
+
+@port_tool(approval=True)
+def slow_deploy(env: str, ctx: ToolContext) -> str:
+    """Deploy, slowly: until the call is cancelled.
+
+    Args:
+        env: Where to.
+    """
+    started.set()
+    ctx.cancelled.wait(WAIT)
+    return "stopped"
+
+
+started = threading.Event()
+
+
+def slow_script(request: ModelRequest) -> Any:
+    if request.session == "barrier":
+        return reply("ok")
+    if request.messages[-1].role == "user":
+        return calls(("slow_deploy", {"env": "prod"}))
+    return reply(tool_texts(request))
+
+
+def test_a_call_cancelled_after_its_approval_leaves_no_request(loopd_runtime) -> None:
+    started.clear()
+    rt = loopd_runtime(slow_script, tools=[slow_deploy])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    assert started.wait(WAIT)
+    assert rt.cancel("s") == ("s",)
+    events.wait(ended())
+    assert isinstance(rt.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
+    # Nothing is left for the next start to resume: the cancelled turn stays ended.
+    assert stored_approvals(rt) == []

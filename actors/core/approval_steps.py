@@ -140,12 +140,15 @@ def settled_effects(turn: Turn) -> list[Effect]:
 
 
 def dropped(turn: Turn, park: bool) -> list[Effect]:
-    """The turn ends while calls wait: the Context drops them, unless the runtime stops
-    (``park``), when they stay stored for the next start."""
+    """The turn ends early (a cancel, a stop): the Context drops the calls that wait, unless
+    the runtime stops (``park``), when they stay stored for the next start; the requests of
+    calls decided already are forgotten (their results are being made up now)."""
     held = tuple(sorted(turn.wait.held))
-    if not held or park:
-        return []
-    return [DropWaiting(held)]
+    decided = tuple(c for c in turn.wait.asked if c not in turn.wait.held)
+    effects: list[Effect] = [ForgetApprovals(decided)] if decided else []
+    if held and not park:
+        effects.append(DropWaiting(held))
+    return effects
 
 
 def park(turn: Turn) -> list[Effect] | None:
