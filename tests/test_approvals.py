@@ -619,6 +619,8 @@ def test_a_stale_request_whose_call_has_its_result_is_dropped(loopd_runtime) -> 
 
 
 def two_deploys(request: ModelRequest) -> Any:
+    if request.session == "barrier":
+        return reply("ok")
     if request.messages[-1].role == "user":
         return calls(("deploy", {"env": "prod"}), ("deploy", {"env": "eu"}))
     return reply(tool_texts(request))
@@ -711,4 +713,26 @@ def test_a_call_cancelled_after_its_approval_leaves_no_request(loopd_runtime) ->
     events.wait(ended())
     assert isinstance(rt.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
     # Nothing is left for the next start to resume: the cancelled turn stays ended.
+    assert stored_approvals(rt) == []
+
+
+def test_a_passivated_turn_leaves_no_request_of_a_call_decided_before(loopd_runtime) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from messages import Tick
+
+    ran.clear()
+    rt = loopd_runtime(two_deploys, tools=[deploy])
+    events = Events(rt)
+    rt.send_turn("s", "ship both")
+    events.wait(lambda e: requested()(e) and e.call_id == 2)
+    assert isinstance(rt.approve("s", 2), ApprovalSettled)
+    events.wait(lambda e: getattr(e, "call_id", None) == 2 and hasattr(e, "denied"))
+    actor = rt.directory.get("session:s")
+    rt.context.tell(Tick(now=datetime.now(UTC) + timedelta(hours=1)))
+    assert actor.actor_stopped.wait(WAIT)  # type: ignore[union-attr]
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    events.wait(ended())
+    assert sorted(ran) == ["eu", "prod"]
+    assert isinstance(rt.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
     assert stored_approvals(rt) == []

@@ -165,11 +165,13 @@ def park(turn: Turn) -> list[Effect] | None:
         for c in turn._calls
         if c.id in turn._results
     )
+    decided = tuple(c for c in turn.wait.asked if c not in held)  # their results go now
     held.clear()
     if not results:
         return []
     turn.state.extend(results)
-    return [Persist(next(turn.ids), results)]
+    forget: list[Effect] = [ForgetApprovals(decided)] if decided else []
+    return [Persist(next(turn.ids), results), *forget]
 
 
 def call_ordered(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
