@@ -1,11 +1,14 @@
 """Many sessions waiting for a person at once: memory and threads (issue 20).
 
-Run: python bench/bench_approvals.py [--sessions 10000] [--home DIR]. It starts a runtime whose
+Run: python bench/bench_approvals.py [--sessions 10000] [--passivate] [--home DIR]. It starts a
+runtime whose
 model answers every user message with one call of ``deploy`` (a port tool marked
 ``approval=True``), starts ``--sessions`` turns, waits until every call waits for a decision
 (each stored, then announced), and prints the RSS and thread count before and after, the time
-it took, and what one waiting session costs. Then it approves them all and times the turns to
-the end. Nothing is asserted; docs/performance.md keeps the figures.
+it took, and what one waiting session costs. With ``--passivate`` it then has the Context's idle
+sweep park every waiting session (a ``Tick`` a day on), so each actor stops and each decision
+resumes its turn from the store. Then it approves them all and times the turns to the end.
+Nothing is asserted; docs/performance.md keeps the figures.
 
 The home defaults to a fresh folder under /dev/shm (tmpfs) when there is one: this measures the
 runtime, not the disk's fsync. Pass ``--home`` to measure on a disk.
@@ -19,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from messages import (
     ModelAnswer,
     ModelRequest,
     ProposedCall,
+    Tick,
     TurnEnded,
 )
 
@@ -92,11 +97,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--home")
+    parser.add_argument("--passivate", action="store_true", help="park the waiting sessions")
     args = parser.parse_args()
     base = "/dev/shm" if Path("/dev/shm").is_dir() else None
     home = args.home or tempfile.mkdtemp(prefix="loopd-bench-approvals-", dir=base)
-    # Passivation off: every waiting session keeps its actor, the costlier case.
-    config = Config(home=home, sessions=SessionsConfig(idle_s=0, max_live=0))
+    # Passivation off unless asked: every waiting session keeps its actor.
+    idle_s = 3600.0 if args.passivate else 0.0  # the sweep itself is told below
+    config = Config(home=home, sessions=SessionsConfig(idle_s=idle_s, max_live=0))
     rt = Runtime.start(config, model=DeployModel(), tools=[deploy])
     requested, ended = Counter(ApprovalRequested), Counter(TurnEnded)
     rt.subscribe(requested)
@@ -112,6 +119,13 @@ def main() -> int:
             return 1
         waited_s = time.perf_counter() - start
         rss1, threads1 = rss_mib(), threading.active_count()
+        if args.passivate:
+            start = time.perf_counter()
+            rt.context.tell(Tick(now=datetime.now(UTC) + timedelta(days=1)))
+            while len(rt.live(timeout=60)) > 0:  # a bench may look again; a test would not
+                time.sleep(0.05)
+            parked_s = time.perf_counter() - start
+            print(f"  parked and passivated: {parked_s:.1f} s; RSS {rss_mib():.0f} MiB")
         pending = rt.pending_approvals(timeout=60)
         start = time.perf_counter()
         for request in pending:
