@@ -175,3 +175,23 @@ def test_the_wait_is_two_events_on_the_calls_span(loopd_runtime) -> None:
         ("loopd.approval.requested", {"loopd.untrusted": False}),
         ("loopd.approval.settled", {"loopd.approved": True}),
     ]
+
+
+def test_results_go_to_the_model_in_call_order_whatever_order_they_were_stored_in() -> None:
+    from actors.core.approval_steps import call_ordered, open_calls
+    from messages import ChatMessage, ToolCall
+
+    ask = ChatMessage(role="user", content="go")
+    answer = ChatMessage(
+        role="assistant", tool_calls=(ToolCall(1, "deploy", "{}"), ToolCall(2, "status", "{}"))
+    )
+    two = ChatMessage(role="tool", content="green", tool_call_id=2)
+    one = ChatMessage(role="tool", content="deployed", tool_call_id=1)
+    stored = (ask, answer, two, one)
+    assert call_ordered(stored) == (ask, answer, one, two)
+    in_order = (ask, answer, one, two)
+    assert call_ordered(in_order) is in_order  # nothing copied in the usual case
+    # What a resumed turn continues: the calls without a result, and where the turn began.
+    calls_left, start = open_calls((ask, answer, two))
+    assert ([c.id for c in calls_left], start) == ([1], 0)
+    assert open_calls(in_order) == ([], 0)
