@@ -477,3 +477,28 @@ def test_a_passivated_turn_leaves_no_request_of_a_call_decided_before(loopd_runt
     assert sorted(ran) == ["eu", "prod"]
     assert isinstance(rt.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
     assert stored_approvals(rt) == []
+
+
+def test_cancelling_a_session_that_waits_since_the_start_drops_its_request(
+    loopd_runtime,
+) -> None:
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    rt.stop()
+    again = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
+    later = Events(again)
+    assert [r.call_id for r in again.pending_approvals()] == [1]
+    assert again.cancel("s") == ("s",)
+    assert later.wait(ended()).reason == "cancelled"
+    assert again.pending_approvals() == ()
+    assert isinstance(again.approve("s", 1), ApprovalRefused)
+    # The session is free again; its next turn answers the cut-off call first.
+    since = later.mark()
+    again.send_turn("s", "try again")
+    assert later.wait(requested(), since=since).call_id == 3
+    tools = {m.tool_call_id: m.content for m in rt_history(again, "s") if m.role == "tool"}
+    assert tools[1] == "Denied: the turn ended before this call returned a result."
+    assert ran == []
