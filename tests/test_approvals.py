@@ -198,13 +198,13 @@ def test_a_childs_call_waits_naming_the_child_and_is_approved(loopd_runtime) -> 
 
 
 def test_the_child_timeout_does_not_run_while_a_child_waits(loopd_runtime) -> None:
-    # The child may take 0.2 s; its call waits 0.5 s for a person and is then declined. Had
+    # The child may take 0.5 s; its call waits 1 s for a person and is then declined. Had
     # the child's timer run meanwhile, the parent would read "sub-s-1 failed".
     rt = loopd_runtime(
         family_script,
         tools=[deploy],
-        loop={"child_timeout_s": 0.2},
-        approvals={"timeout_s": 0.5},
+        loop={"child_timeout_s": 0.5},
+        approvals={"timeout_s": 1.0},
     )
     events = Events(rt)
     rt.send_turn("s", "ship it")
@@ -250,7 +250,8 @@ def test_cancelling_an_ancestor_drops_a_childs_request(loopd_runtime) -> None:
 
 
 def test_the_timeout_also_declines_after_a_restart(loopd_runtime) -> None:
-    rt = loopd_runtime(deploy_script, tools=[deploy, status], approvals={"timeout_s": 0.3})
+    # 1 s: long enough that the first runtime stops before its timer would fire.
+    rt = loopd_runtime(deploy_script, tools=[deploy, status], approvals={"timeout_s": 1.0})
     events = Events(rt)
     rt.send_turn("s", "ship it")
     events.wait(requested())
@@ -261,7 +262,7 @@ def test_the_timeout_also_declines_after_a_restart(loopd_runtime) -> None:
     assert not settled.approved
     later.wait(ended())
     tools = {m.tool_call_id: m.content for m in rt_history(again, "s") if m.role == "tool"}
-    assert tools[1] == "Denied: a person declined this call: no decision within 0.3 s."
+    assert tools[1] == "Denied: a person declined this call: no decision within 1 s."
 
 
 def test_of_two_decisions_at_once_exactly_one_is_applied(loopd_runtime) -> None:
