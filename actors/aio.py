@@ -30,6 +30,9 @@ from actors.stores.memory import MemorySource
 from actors.tools.tool import PortTool
 from actors.tracing.base import Tracer
 from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
     CancelTurn,
     Inspect,
     SubagentStarted,
@@ -252,6 +255,24 @@ class AsyncRuntime:
         them is pending (:meth:`Runtime.wait_family`), without blocking the loop."""
         check_session_id(session)
         await asyncio.to_thread(self.runtime.wait_family, session, timeout)
+
+    async def pending_approvals(self, timeout: float = 10.0) -> tuple[ApprovalRequested, ...]:
+        """The calls waiting for a person's decision, oldest ``at`` first."""
+        return await asyncio.to_thread(self.runtime.pending_approvals, timeout)
+
+    async def approve(
+        self, session: str, call_id: int, note: str | None = None, timeout: float = 10.0
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say yes to a waiting call (see :meth:`Runtime.approve`)."""
+        check_session_id(session)
+        return await asyncio.to_thread(self.runtime.approve, session, call_id, note, timeout)
+
+    async def deny(
+        self, session: str, call_id: int, reason: str, timeout: float = 10.0
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say no to a waiting call (see :meth:`Runtime.deny`)."""
+        check_session_id(session)
+        return await asyncio.to_thread(self.runtime.deny, session, call_id, reason, timeout)
 
     async def events(self, session: str | None = None) -> AsyncIterator[TurnEvent]:
         """Every turn event from now on (only ``session``'s and its children's, if given).

@@ -12,6 +12,8 @@ from messages.ids import CallId, SessionId
 from messages.turns import FailReason
 
 __all__ = [
+    "ApprovalRequested",
+    "ApprovalSettled",
     "Compacted",
     "CompactionFailed",
     "JobSkipped",
@@ -202,6 +204,27 @@ class MemoryWarning(_Event, frozen=True):
     detail: str
 
 
+class ApprovalRequested(_Event, frozen=True):
+    """``session``'s call ``call_id`` of ``tool`` waits for a person's yes or no (published once
+    the waiting call is stored). ``arguments`` is the model's JSON text, as
+    ``ToolCall.arguments``; ``untrusted``: the session had read untrusted data, so the
+    arguments may come from injected text."""
+
+    session: SessionId
+    call_id: CallId
+    tool: str
+    arguments: str
+    untrusted: bool = False
+
+
+class ApprovalSettled(_Event, frozen=True):
+    """A person (or the ``approvals.timeout_s``) decided ``session``'s call ``call_id``."""
+
+    session: SessionId
+    call_id: CallId
+    approved: bool
+
+
 TurnEvent = (
     TurnStarted
     | ModelRequestSent
@@ -218,6 +241,8 @@ TurnEvent = (
     | Compacted
     | CompactionFailed
     | MemoryWarning
+    | ApprovalRequested
+    | ApprovalSettled
 )
 """Every event a subscriber can see."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from messages.approvals import Resume
 from messages.background import BackgroundReport
 from messages.base import Message
 from messages.chat import Baseline, ChatMessage, SlotPool, Usage
@@ -204,6 +205,8 @@ class RunTurn(Message, frozen=True):
     reports: tuple[BackgroundReport, ...] = ()
     """Background reports this turn delivers with its first message (a turn the Context runs
     for a report has ``text`` the first one's)."""
+    resume: Resume | None = None
+    """Continue the turn the stored transcript cut off instead of starting one on ``text``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -304,6 +307,8 @@ class Cancel(Message, frozen=True):
 
     reason: FailReason
     detail: str
+    park: bool = False
+    """The runtime stops: a call waiting for a person keeps waiting (stored), unanswered."""
 
 
 class CancelModelRequest(Message, frozen=True):

@@ -36,6 +36,7 @@ class DenyReason(enum.StrEnum):
     LIMIT = "limit"
     INTERRUPTED = "interrupted"
     UNTRUSTED = "untrusted"
+    DECLINED = "declined"
 
 
 _DENIAL_TEXT = {
@@ -45,6 +46,7 @@ _DENIAL_TEXT = {
     DenyReason.LIMIT: "a limit of this runtime was reached",
     DenyReason.INTERRUPTED: "the turn ended before this call returned a result",
     DenyReason.UNTRUSTED: "this session has read untrusted data",
+    DenyReason.DECLINED: "a person declined this call",
 }
 
 

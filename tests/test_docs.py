@@ -75,6 +75,8 @@ def parse_default(cell: str) -> Any:
         return words[cell]
     if cell == "{}":
         return {}
+    if cell == "[]":
+        return ()  # a list key's default, an empty tuple
     if cell.startswith('"'):
         return json.loads(cell)
     try:

@@ -206,6 +206,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         stored=True,
         pool="background",
         reports=(BackgroundReport("mm-thread", "sub-mm-thread-1", "sub-mm-thread-1 failed"),),
+        resume=messages.Resume(waiting=(2,)),
     ),
     SessionCrashed: lambda: SessionCrashed(
         session="mm-thread", detail="boom", reports=("sub-mm-thread-1",)
@@ -297,7 +298,48 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     ),
     TurnFailed: lambda: TurnFailed(session="mm-thread", reason=FailReason.BUSY, detail="held"),
     TurnStarted: lambda: TurnStarted(session="mm-thread", slot=0, at=AT),
-    messages.Cancel: lambda: messages.Cancel(FailReason.CANCELLED, "by the user"),
+    messages.Cancel: lambda: messages.Cancel(FailReason.CANCELLED, "by the user", park=True),
+    messages.ApprovalRequested: lambda: messages.ApprovalRequested(
+        session="mm-thread",
+        call_id=3,
+        tool="deploy",
+        arguments='{"env": "prod"}',
+        untrusted=True,
+        at=AT,
+    ),
+    messages.ApprovalSettled: lambda: messages.ApprovalSettled(
+        session="mm-thread", call_id=3, approved=True, at=AT
+    ),
+    messages.ApproveCall: lambda: messages.ApproveCall("mm-thread", 3, "ok", "ask-1"),
+    messages.DenyCall: lambda: messages.DenyCall("mm-thread", 3, "too risky", "ask-1"),
+    messages.ApprovalRefused: lambda: messages.ApprovalRefused("mm-thread", 3, "not waiting"),
+    messages.ApprovalDecision: lambda: messages.ApprovalDecision(3, False, "too risky"),
+    messages.ApprovalTimedOut: lambda: messages.ApprovalTimedOut("mm-thread", 3),
+    messages.StoredApproval: lambda: messages.StoredApproval(
+        messages.ApprovalRequested(
+            session="mm-thread", call_id=3, tool="deploy", arguments="{}", at=AT
+        ),
+        AT,
+        approved=False,
+        reason="no",
+    ),
+    messages.StoreApproval: lambda: messages.StoreApproval(
+        "mm-thread",
+        9,
+        messages.StoredApproval(
+            messages.ApprovalRequested(
+                session="mm-thread", call_id=3, tool="d", arguments="{}", at=AT
+            ),
+            AT,
+        ),
+        "session:mm-thread",
+    ),
+    messages.SettleApproval: lambda: messages.SettleApproval("mm-thread", 3, False, "no"),
+    messages.DropApprovals: lambda: messages.DropApprovals("mm-thread", (3, 4)),
+    messages.ListApprovals: lambda: messages.ListApprovals(),
+    messages.Park: lambda: messages.Park(),
+    messages.Parked: lambda: messages.Parked("mm-thread", 3, True),
+    messages.Resume: lambda: messages.Resume((messages.ApprovalDecision(3, True),), (4,)),
     messages.CancelTurn: lambda: messages.CancelTurn("mm-thread", "by the user"),
     messages.CancelModelRequest: lambda: messages.CancelModelRequest("mm-thread", 12),
     messages.CancelPortCall: lambda: messages.CancelPortCall("mm-thread", 4),

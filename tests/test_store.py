@@ -743,8 +743,9 @@ def test_background_rows_are_replaced_and_leave_with_the_messages_that_deliver_t
 def test_a_version_3_store_gains_the_background_table(db: Path) -> None:
     with SessionStore(db) as store:
         store.create("mm", BASELINE, 0)
-    with raw_db(db) as raw:  # made into version 3's: no background table
+    with raw_db(db) as raw:  # made into version 3's: no background nor approvals table
         raw.execute("DROP TABLE background")
+        raw.execute("DROP TABLE approvals")
         raw.execute("PRAGMA user_version = 3")
     with SessionStore(db) as store:
         assert store.background() == ()

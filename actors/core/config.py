@@ -40,6 +40,7 @@ from actors.core.config_model import (
     SlotsConfig,
 )
 from actors.core.config_tables import (
+    ApprovalsConfig,
     ClusterConfig,
     CompactConfig,
     LoopConfig,
@@ -62,6 +63,7 @@ __all__ = [
     "MAX_SECONDS",
     "RESERVED_BODY_KEYS",
     "AgentConfig",
+    "ApprovalsConfig",
     "ClusterConfig",
     "CompactConfig",
     "Config",
@@ -114,6 +116,8 @@ class Config(Section, frozen=True):
     """``[agents.NAME]`` profiles, by name."""
     mcp: dict[str, McpServerConfig] = field(default_factory=dict)
     """``[mcp.NAME]`` servers, by name (see :class:`~actors.core.mcp_config.McpServerConfig`)."""
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
+    """``[approvals]``: the calls a person decides."""
 
     def __post_init__(self) -> None:
         # Accept a Path (or any os.PathLike) for convenience; keep a plain expanded string.

@@ -243,6 +243,9 @@ class AgentConfig(Section, frozen=True):
     output: Any = None
     """Python only: a type (a msgspec Struct) whose ``msgspec.json.schema`` is the output
     schema; answers are validated and decoded by msgspec."""
+    approve: tuple[str, ...] = ()
+    """More tool names whose calls wait for a person in this profile's sessions (added to
+    ``approvals.tools``)."""
 
     def check(self, name: str) -> None:
         """The rules between keys, checked by the :class:`Config` that holds this profile as

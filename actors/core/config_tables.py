@@ -12,7 +12,9 @@ from actors.core.listen import parse_listen
 from actors.core.text import redact
 
 __all__ = [
+    "DEFAULT_APPROVAL_TIMEOUT_S",
     "DEFAULT_SYSTEM_PROMPT",
+    "ApprovalsConfig",
     "ClusterConfig",
     "CompactConfig",
     "LoopConfig",
@@ -69,6 +71,22 @@ class SubagentsConfig(Section, frozen=True):
     max_background: Annotated[int, Meta(ge=1)] = 8
     """Background children one top-level session's family may have running at once; one more
     is denied."""
+
+
+DEFAULT_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0
+"""``approvals.timeout_s`` when unset: seven days."""
+
+
+class ApprovalsConfig(Section, frozen=True):
+    """``[approvals]``: the tool calls that wait for a person's yes or no."""
+
+    _key: ClassVar[str] = "approvals"
+
+    tools: tuple[str, ...] = ()
+    """Tool names whose calls wait for a person (built-in, port, ``subagent``; a name ending
+    in ``__*``, such as ``github__*``, names every tool of that MCP server)."""
+    timeout_s: Annotated[float, Meta(gt=0)] = DEFAULT_APPROVAL_TIMEOUT_S
+    """Seconds a call may wait; past them it is declined (``no decision within ... s``)."""
 
 
 class CompactConfig(Section, frozen=True):

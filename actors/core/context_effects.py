@@ -21,12 +21,15 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from actors.core.approvals import ArmApprovalTimer, CancelApprovalTimer
 from actors.core.turn_effects import Emit
 from messages import RunTurn, SessionRecord, ToolSpec
 
 __all__ = [
+    "ArmApprovalTimer",
     "ArmSweep",
     "BuildBaseline",
+    "CancelApprovalTimer",
     "CancelTimer",
     "ContextEffect",
     "Emit",
@@ -192,5 +195,7 @@ ContextEffect = (
     | ArmSweep
     | UpdateMemory
     | Report
+    | ArmApprovalTimer
+    | CancelApprovalTimer
 )
 """Anything a :class:`~actors.core.context_state.ContextState` asks its actor to do."""

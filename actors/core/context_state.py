@@ -31,10 +31,10 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 
 from actors.core.agents import Agents
+from actors.core.approval_desk import ApprovalDesk
 from actors.core.background import Background, BackgroundSpawns
 from actors.core.budget import Budgets
 from actors.core.config import DEFAULT_AGENT, Config
@@ -56,7 +56,7 @@ from actors.core.context_effects import (
     UpdateMemory,
 )
 from actors.core.dispatch import ArgumentError, child_id
-from actors.core.holds import Hold, HoldTable
+from actors.core.holds import Hold, HoldTable, Live
 from actors.core.output import output_fits, output_spec, wrong_output_detail
 from actors.core.passivation import IdleSessions
 from actors.core.session_state import store_failure_reason
@@ -90,14 +90,13 @@ from messages import (
     TokensSpent,
     ToolDone,
     ToolResult,
-    ToolSpec,
     TurnEnded,
     TurnFailed,
     denial_message,
 )
 from messages.ids import CHILD_PREFIX
 
-__all__ = ["SWEEP_MAX_S", "ContextState", "Live"]
+__all__ = ["SWEEP_MAX_S", "ContextState", "Live"]  # Live: from actors.core.holds
 
 log = logging.getLogger(__name__)
 
@@ -105,18 +104,6 @@ SWEEP_MAX_S = 60.0
 """The longest time between two looks for idle sessions (``sessions.idle_s`` if shorter)."""
 
 Effects = list[ContextEffect]
-
-
-@dataclass(frozen=True)
-class Live:
-    """A running session actor (``ref``, the shell's handle), its number among the actors of
-    that id, and the profile it runs."""
-
-    ref: object
-    incarnation: int
-    agent: str = DEFAULT_AGENT
-    output: ToolSpec | None = None
-    """Its ``final_answer`` tool (a typed session), to check a turn's schema against."""
 
 
 class ContextState(BackgroundSpawns):
@@ -150,6 +137,7 @@ class ContextState(BackgroundSpawns):
         self.spawns = itertools.count(1)
         self.requests = itertools.count(1)
         self.background = Background(config.subagents.max_background)
+        self.desk = ApprovalDesk(self)  # the calls waiting for a person (SPEC 11)
 
     # Life cycle.
 
@@ -164,6 +152,13 @@ class ContextState(BackgroundSpawns):
         effects: Effects = self._stop_waiting()
         for hold in self.holds.drain():
             if hold.answered:
+                continue
+            if self.desk.stored_only(hold.session):
+                # Its calls wait in the store, and the next start resumes the turn; a waiter
+                # (a turn passivated while it waited) still hears of the stop.
+                if hold.reply_to is not None:
+                    failed = TurnFailed(hold.session, FailReason.CANCELLED, detail)
+                    effects.append(Reply(hold.reply_to, failed))
                 continue
             # A session that gets the Cancel ends its turn (storing what keeps its transcript
             # valid) and emits its own TurnEnded; its answer to us would come too late.
@@ -181,9 +176,9 @@ class ContextState(BackgroundSpawns):
                 continue
             told = Reply(hold.reply_to, TurnFailed(hold.session, FailReason.CANCELLED, detail))
             answer = tuple(hold.failure(FailReason.CANCELLED, detail))
-            effects += self._tell_live(
-                hold, Cancel(FailReason.CANCELLED, detail), then=(told,), otherwise=answer
-            )
+            # park: a call waiting for a person stays stored, for the next start to resume.
+            cancel = Cancel(FailReason.CANCELLED, detail, park=True)
+            effects += self._tell_live(hold, cancel, then=(told,), otherwise=answer)
         return effects
 
     def status(self) -> ContextStatus:
@@ -348,6 +343,10 @@ class ContextState(BackgroundSpawns):
             return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
         # Open first; only a session that is not stored needs a baseline (and so memory).
         return self._ask_store(hold, None)
+
+    def reopen(self, hold: Hold) -> Effects:
+        """Run ``hold``'s turn on its stored session (a turn resumed by a decision)."""
+        return self._open(hold, self.config.slots.home_slot("main"))
 
     def _ask_store(self, hold: Hold, baseline: Baseline | None) -> Effects:
         hold.open_request = next(self.requests)
@@ -564,6 +563,10 @@ class ContextState(BackgroundSpawns):
         effects += self._release(session)
         return (None if hold.answered else hold), effects
 
+    def give_back(self, session: str) -> Effects:
+        """:meth:`_give_back`, for the approval desk."""
+        return self._give_back(session)
+
     def _give_back(self, session: str) -> Effects:
         """``session``'s actor is gone: a store with per-session locks may now let another
         process run it. Told only to such a store: for SQLite it would be a wake-up of the
@@ -604,6 +607,8 @@ class ContextState(BackgroundSpawns):
         effects: Effects = []
         for session in self.idle.expired(now.timestamp()):
             effects += self._passivate(session, "sessions.idle_s")
+        if self.idle.idle_s > 0:  # and the sessions whose calls waited as long for a person
+            effects += self.desk.passivate(now.timestamp(), self.idle.idle_s)
         if tick.now is None:
             effects += self._arm_sweep()
         return effects
@@ -640,6 +645,7 @@ class ContextState(BackgroundSpawns):
             # A live session answers through SessionTurnEnded; one still opening (no actor
             # yet to tell) is let go and answered here.
             answer = () if hold.answered else tuple(hold.failure(reason, detail))
+            effects += self.desk.cancelled(held)
             effects += self._tell_live(
                 hold, Cancel(reason, detail), if_gone=IfGone.RELEASE, otherwise=answer
             )

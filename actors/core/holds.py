@@ -23,6 +23,7 @@ from messages import (
     ChatMessage,
     CreateChild,
     FailReason,
+    Resume,
     RunTurn,
     SessionRecord,
     SlotPool,
@@ -36,7 +37,7 @@ from messages import (
     TurnOutcome,
 )
 
-__all__ = ["Hold", "HoldTable"]
+__all__ = ["Hold", "HoldTable", "Live"]
 
 
 @dataclass
@@ -75,6 +76,9 @@ class Hold:
     """A background child cancelled with its parent or an ancestor: it reports nothing."""
     reports: tuple[BackgroundRow, ...] = ()
     """A turn the Context runs for background reports: the reports it delivers."""
+    resume: Resume | None = None
+    """Continue the turn its stored transcript cut off (a call a person decided) instead of
+    starting one on ``text``."""
 
     @property
     def is_child(self) -> bool:
@@ -87,7 +91,14 @@ class Hold:
         reports = tuple(
             BackgroundReport(r.parent, r.child, r.report or "", r.untrusted) for r in self.reports
         )
-        return RunTurn(self.text, self.speaker, pool=pool, trace=self.trace, reports=reports)
+        return RunTurn(
+            self.text,
+            self.speaker,
+            pool=pool,
+            trace=self.trace,
+            reports=reports,
+            resume=self.resume,
+        )
 
     def _to_parent(self, reply: SubagentCompleted | SubagentFailed) -> ContextEffect:
         """Where a child's answer goes: the parent's pending call, or (a background child's)
@@ -246,3 +257,15 @@ class HoldTable:
         holds, self._holds = list(self._holds.values()), {}
         self._children = 0
         return holds
+
+
+@dataclass(frozen=True)
+class Live:
+    """A running session actor (``ref``, the shell's handle), its number among the actors of
+    that id, and the profile it runs."""
+
+    ref: object
+    incarnation: int
+    agent: str = DEFAULT_AGENT
+    output: ToolSpec | None = None
+    """Its ``final_answer`` tool (a typed session), to check a turn's schema against."""

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from actors.core.dispatch import Registry, clock_text
+from actors.core.dispatch import (
+    Answered,
+    ArgumentError,
+    Registry,
+    SpawnChild,
+    child_id,
+    clock_text,
+    depth_of,
+)
+from actors.core.limits import Limits
 from actors.core.text import cap_chars, neutralise
 from messages import (
     BackgroundReport,
     Baseline,
     ChatMessage,
+    DenyReason,
     SubagentCompleted,
     SubagentResult,
+    denial_message,
 )
 
 __all__ = [
@@ -22,6 +33,7 @@ __all__ = [
     "child_summary",
     "child_text",
     "report_message",
+    "spawn_check",
     "subagent_result_text",
 ]
 
@@ -63,3 +75,25 @@ def subagent_result_text(result: SubagentResult) -> str:
     if isinstance(result, SubagentCompleted):
         return f"{result.child} completed\n{result.summary}"
     return f"{result.child} failed"
+
+
+def spawn_check(
+    parent: str, call_id: int, route: SpawnChild, nth: int, limits: Limits
+) -> str | Answered:
+    """The child id of ``parent``'s ``subagent`` call ``call_id`` (the ``nth`` of its answer),
+    or the denial that answers the call instead: an id that does not fit, ``loop.max_depth``,
+    ``loop.max_children``, or a background call from a child."""
+    try:
+        child = child_id(parent, call_id)
+    except ArgumentError as exc:
+        return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), True)
+    if depth_of(child) > limits.max_depth:
+        detail = f"{child} would be {depth_of(child)} levels deep; loop.max_depth is "
+        return Answered(denial_message(DenyReason.LIMIT, detail + str(limits.max_depth)), True)
+    if nth > limits.max_children:
+        detail = f"one answer may start {limits.max_children} children (loop.max_children)"
+        return Answered(denial_message(DenyReason.LIMIT, detail), True)
+    if route.background and depth_of(parent) > 0:
+        # A child's turn ends once; nothing would be left to hear its background child.
+        return Answered(denial_message(DenyReason.LIMIT, CHILD_BACKGROUND), True)
+    return child

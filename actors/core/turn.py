@@ -34,22 +34,20 @@ from datetime import datetime
 
 import msgspec
 
+from actors.core import approval_steps, output_steps
+from actors.core.approval_steps import ApprovalWait
+from actors.core.approvals import ApprovalPolicy
 from actors.core.dispatch import (
-    CALL_TOOL,
     Answered,
-    ArgumentError,
     Registry,
     Remember,
-    Route,
     SpawnChild,
     ToPort,
-    child_id,
-    depth_of,
     is_json_object,
 )
 from actors.core.dispatch import dispatch as route_call
 from actors.core.limits import Limits
-from actors.core.output import ANSWER_BY_CALLING, Done, Fail, FinalAnswer, outcome_of
+from actors.core.output import Done, FinalAnswer
 from actors.core.session_state import (
     SessionState,
     estimate_tokens,
@@ -57,7 +55,7 @@ from actors.core.session_state import (
     repair_results,
     unanswered_text,
 )
-from actors.core.spawn import CHILD_BACKGROUND, report_message, subagent_result_text
+from actors.core.spawn import report_message, spawn_check, subagent_result_text
 from actors.core.text import cap_chars, neutralise
 from actors.core.turn_effects import (
     CallPort,
@@ -74,6 +72,7 @@ from actors.core.turn_effects import (
 )
 from actors.core.usage import add_usage
 from messages import (
+    ApprovalDecision,
     BackgroundReport,
     ChatMessage,
     Compacted,
@@ -86,6 +85,7 @@ from messages import (
     ModelError,
     ModelRequestSent,
     ProposedCall,
+    Resume,
     SubagentResult,
     ToolCall,
     ToolCallFinished,
@@ -165,6 +165,9 @@ class Turn:
     _reports: list[BackgroundReport] = field(default_factory=list)  # told, not yet stored
     issued_reports: list[str] = field(default_factory=list)
     """Background children whose reports this turn has sent to the store in its transcript."""
+    approvals: ApprovalPolicy | None = None
+    """Which calls wait for a person (``[approvals]``); None: none."""
+    wait: ApprovalWait = field(default_factory=ApprovalWait)
 
     # Inputs.
 
@@ -212,8 +215,31 @@ class Turn:
         self.issued_reports += children
         return children
 
+    def resume(self, order: Resume) -> list[Effect]:
+        """Continue the turn the stored transcript cut off (``actors.core.approval_steps``)."""
+        if self.phase is not _Phase.IDLE:
+            raise RuntimeError("a turn can only start once")
+        return approval_steps.resume(self, order)
+
+    def approval_decided(self, decision: ApprovalDecision) -> list[Effect]:
+        """A person (or the timeout) settled a call that waits: it runs, or is declined."""
+        if self.phase is not _Phase.CALLING:
+            return []
+        return approval_steps.decided(self, decision)
+
+    def park(self) -> list[Effect] | None:
+        """Stop for now while only calls waiting for a person are left, to be resumed from
+        the store (``approval_steps.park``); None if the turn cannot park now."""
+        effects = approval_steps.park(self) if self.phase is _Phase.CALLING else None
+        if effects is not None:
+            self.phase = _Phase.DONE
+            self._finished = True
+        return effects
+
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
+        if request_id in self.wait.storing:
+            return approval_steps.stored(self, request_id)
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
@@ -230,6 +256,8 @@ class Turn:
         """The store could not do ``request_id``; the turn fails with ``reason`` (a new
         child's first write can also find its id taken, ``spawn_error``, or run elsewhere,
         ``busy``)."""
+        if request_id in self.wait.storing:
+            return approval_steps.not_stored(self, request_id, detail)
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
@@ -280,7 +308,7 @@ class Turn:
             done = TurnCompleted(self.state.id, content, truncated=answer.truncated)
             final = ChatMessage(role="assistant", content=content, usage=_stored(answer.usage))
             if self.output is not None:
-                return effects + self._answered_in_text(self.output, final)
+                return effects + output_steps.answered_in_text(self, self.output, final)
             return effects + self._save((final,), lambda: self.finish_turn(done))
         calls = []
         for proposed in answer.tool_calls:
@@ -352,10 +380,13 @@ class Turn:
             ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted), cap
         )
 
-    def cancel(self, reason: FailReason, detail: str) -> list[Effect]:
+    def cancel(self, reason: FailReason, detail: str, park: bool = False) -> list[Effect]:
         """End the turn now: whatever was awaited is dropped, and answers that come later are
         ignored. Calls still without a result get one (stored, not waited for), so the
         transcript stays valid. A turn whose outcome is decided (it is compacting) keeps it.
+
+        ``park`` (the runtime stops): calls waiting for a person stay unanswered and stored,
+        and the turn ends without a ``TurnEnded``; the next start resumes it.
         """
         if self.done:
             return []
@@ -371,6 +402,8 @@ class Turn:
             self.state.forget_counts()
             effects.append(Persist(next(self.ids), self._keep))
             self._keep = ()
+        parked = park and self.phase is _Phase.CALLING and bool(self.wait.held)
+        effects += approval_steps.dropped(self, park)
         if self.phase is _Phase.CALLING:
             # Results that arrived are kept; only the missing ones are made up.
             repairs = tuple(
@@ -382,6 +415,7 @@ class Turn:
                     tool_call_id=c.id,
                 )
                 for c in self._calls
+                if not (parked and c.id in self.wait.held)
             )
         else:
             repairs = repair_results(self.state, self.registry, now)
@@ -389,6 +423,9 @@ class Turn:
             self.state.extend(repairs)
             effects.append(Persist(next(self.ids), repairs))
         outcome = TurnFailed(self.state.id, reason, detail)
+        if parked:
+            self.outcome = outcome
+            return [*effects, *self._finish()]
         return [*effects, *self._turn_ended(outcome), *self._finish()]
 
     def _stop_work(self) -> list[Effect]:
@@ -402,6 +439,7 @@ class Turn:
             CancelPort(c.id)
             for c in self._calls
             if c.id not in self._results
+            and c.id not in self.wait.held
             and isinstance(route_call(self.registry, c.name, c.arguments, now), ToPort)
         ]
 
@@ -466,19 +504,19 @@ class Turn:
         self.phase = _Phase.ASKING
         self._asked_len = len(self.state.transcript)
         sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
-        request = self._request(self.state.messages())
+        request = self._request(approval_steps.call_ordered(self.state.messages()))
         return [Emit(sent), request]
 
     def _request(self, messages: tuple[ChatMessage, ...]) -> RequestModel:
         s = self.state
         return RequestModel(self._next_id(), s.slot, messages, prefer_slot=s.slot_cached)
 
-    def _dispatch(self) -> list[Effect]:
+    def _dispatch(self, calls: list[ToolCall] | None = None) -> list[Effect]:
         self.phase = _Phase.CALLING
         effects: list[Effect] = []
         now = self.clock()
         spawned = 0
-        for call in self._calls:
+        for call in self._calls if calls is None else calls:
             effects.append(
                 Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
             )
@@ -487,50 +525,33 @@ class Turn:
                 detail = f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)"
                 route = Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), True)
             if self.output is not None:
-                route = self._final_answer_route(self.output, call, route)
+                route = output_steps.final_answer_route(self, self.output, call, route)
+            # A call that passed every check runs now, or waits for a person.
             if isinstance(route, ToPort):
-                effects.append(CallPort(call.id, route.name, route.arguments))
+                work: list[Effect] = [CallPort(call.id, route.name, route.arguments)]
+                effects += approval_steps.run_or_wait(self, call, work)
                 continue
             if isinstance(route, Remember):
                 if not self.state.untrusted or self.limits.untrusted_may_remember:
-                    effects.append(WriteMemory(call.id, route.text))
+                    work = [WriteMemory(call.id, route.text)]
+                    effects += approval_steps.run_or_wait(self, call, work)
                     continue
                 detail = "it may not write to memory (memory.allow_untrusted_writes is false)"
                 route = Answered(denial_message(DenyReason.UNTRUSTED, detail), True)
             if isinstance(route, SpawnChild):
                 spawned += 1
-                denial = self._spawn(call.id, route, spawned, effects)
-                if denial is None:
+                child = spawn_check(self.state.id, call.id, route, spawned, self.limits)
+                if isinstance(child, str):
+                    work = [Spawn(call.id, child, route.task, route.agent, route.background)]
+                    effects += approval_steps.run_or_wait(self, call, work)
                     continue
-                route = denial
+                route = child
             self._results[call.id] = ToolResult(call.id, route.text, denied=route.denied)
             finished = ToolCallFinished(
                 session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
             )
             effects.append(Emit(finished))
         return effects + self._maybe_continue()
-
-    def _spawn(
-        self, call_id: int, route: SpawnChild, nth: int, effects: list[Effect]
-    ) -> Answered | None:
-        """Add the Spawn of a ``subagent`` call to ``effects``, or return its denial."""
-        try:
-            child = child_id(self.state.id, call_id)
-        except ArgumentError as exc:
-            return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail), True)
-        if depth_of(child) > self.limits.max_depth:
-            detail = f"{child} would be {depth_of(child)} levels deep; loop.max_depth is "
-            return Answered(
-                denial_message(DenyReason.LIMIT, detail + str(self.limits.max_depth)), True
-            )
-        if nth > self.limits.max_children:
-            detail = f"one answer may start {self.limits.max_children} children (loop.max_children)"
-            return Answered(denial_message(DenyReason.LIMIT, detail), True)
-        if route.background and depth_of(self.state.id) > 0:
-            # A child's turn ends once; nothing would be left to hear its background child.
-            return Answered(denial_message(DenyReason.LIMIT, CHILD_BACKGROUND), True)
-        effects.append(Spawn(call_id, child, route.task, route.agent, route.background))
-        return None
 
     def _maybe_continue(self) -> list[Effect]:
         if len(self._results) < len(self._calls):
@@ -540,19 +561,25 @@ class Turn:
             for c in self._calls
         )
         self._calls, self._results = [], {}
-        if self.output is not None:
-            return self._save(messages, self._after_final_answer(self.output.settle()))
-        return self._save(messages, self._ask)
+        output = self.output
+        then = (
+            self._ask if output is None else output_steps.after_final_answer(self, output.settle())
+        )
+        return self._save(messages, then) + approval_steps.settled_effects(self)
 
     def _refuse_at_limit(self, assistant: ChatMessage) -> list[Effect]:
         detail = f"loop.max_steps is {self.limits.max_steps}"
         text = denial_message(DenyReason.STEP_LIMIT, detail)
         refusals = tuple(
-            ChatMessage(role="tool", content=self._at_limit(c, text), tool_call_id=c.id)
+            ChatMessage(
+                role="tool", content=output_steps.at_limit(self, c, text), tool_call_id=c.id
+            )
             for c in self._calls
         )
         if self.output is not None and isinstance(verdict := self.output.settle(), Done):
-            return self._save((assistant, *refusals), self._after_final_answer(verdict))
+            return self._save(
+                (assistant, *refusals), output_steps.after_final_answer(self, verdict)
+            )
         failed = TurnFailed(
             self.state.id,
             FailReason.TURN_LIMIT,
@@ -574,48 +601,6 @@ class Turn:
             self._if_not_compacted = lambda _detail: self._finish()
             return [*effects, *self._summarise(self.state.transcript)]
         return [*effects, *self._finish()]
-
-    # A typed session (actors.core.output): the turn ends with a valid final_answer call.
-
-    def _final_answer_route(self, output: FinalAnswer, call: ToolCall, route: Route) -> Route:
-        """A ``final_answer`` call is answered here: accepted, or denied naming the field."""
-        allowed = self.registry.allows(CALL_TOOL)
-        arguments = output.inner_arguments(call.name, call.as_written, call_tool=allowed)
-        if arguments is None:
-            return route
-        if self._truncated:
-            output.cut_off(f"the call was cut off at max_tokens ({self.limits.max_tokens} tokens)")
-            return route
-        text, denied = output.call(arguments)
-        return Answered(text, denied)
-
-    def _at_limit(self, call: ToolCall, refusal: str) -> str:
-        """A call's text when the answer came at ``loop.max_steps``: a ``final_answer`` call is
-        still checked (a valid one completes the turn), any other refused."""
-        if self.output is None or self._truncated:
-            return refusal
-        allowed = self.registry.allows(CALL_TOOL)
-        arguments = self.output.inner_arguments(call.name, call.as_written, call_tool=allowed)
-        return refusal if arguments is None else self.output.call(arguments)[0]
-
-    def _answered_in_text(self, output: FinalAnswer, final: ChatMessage) -> list[Effect]:
-        """A typed session's model answered in text: a failed try, answered with
-        :data:`ANSWER_BY_CALLING` while a try (and a step) is left."""
-        limits = self.limits
-        ended = output.after_text(self.state.id, self.step, limits.max_steps)
-        if ended is not None:
-            return self._save((final,), lambda: self.finish_turn(ended))
-        nudge = ChatMessage(role="user", content=ANSWER_BY_CALLING)
-        return self._save((final, nudge), self._ask)
-
-    def _after_final_answer(self, verdict: Done | Fail | None) -> Callable[[], list[Effect]]:
-        """What follows the results of an answer of a typed session: the next request, or the
-        turn's end."""
-        if verdict is None:
-            return self._ask
-        s, cap = self.state, self.limits.tool_result_cap
-        outcome = outcome_of(verdict, s.id, child=s.parent is not None, cap=cap)
-        return lambda: self.finish_turn(outcome)
 
     def _compact_in_turn(
         self,

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from messages import ChatMessage, TurnEvent, TurnOutcome
+from messages import ChatMessage, StoredApproval, TurnEvent, TurnOutcome
 
 __all__ = [
+    "Announce",
+    "AskApproval",
     "CallPort",
     "CancelModel",
     "CancelPort",
     "Compact",
+    "DropWaiting",
     "Effect",
     "Emit",
     "Finish",
+    "ForgetApprovals",
     "Persist",
     "RequestModel",
     "Spawn",
@@ -114,6 +118,35 @@ class Finish:
     outcome: TurnOutcome
 
 
+@dataclass(frozen=True)
+class AskApproval:
+    """Store ``approval``, a call that waits for a person; answer ``persisted``."""
+
+    request_id: int
+    approval: StoredApproval
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Tell the Context that ``approval`` is stored and waits: it publishes the request."""
+
+    approval: StoredApproval
+
+
+@dataclass(frozen=True)
+class ForgetApprovals:
+    """The calls ``call_ids`` have their results stored: the store forgets their requests."""
+
+    call_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DropWaiting:
+    """The turn ended while ``call_ids`` waited for a person: the Context drops the requests."""
+
+    call_ids: tuple[int, ...]
+
+
 Effect = (
     Persist
     | Compact
@@ -125,5 +158,9 @@ Effect = (
     | WriteMemory
     | Emit
     | Finish
+    | AskApproval
+    | Announce
+    | ForgetApprovals
+    | DropWaiting
 )
 """Anything a :class:`Turn` asks its actor to do."""

@@ -21,6 +21,7 @@ import msgspec
 import pykka
 
 from actors.core.agents import Agents
+from actors.core.approvals import approval_policies
 from actors.core.config import Config, check_wait
 from actors.core.dispatch import Registry
 from actors.core.limits import Limits
@@ -71,9 +72,15 @@ from actors.tools.tool import (
 )
 from actors.tracing.base import NoTracer, Tracer, guarded
 from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
+    ApproveCall,
     CancelTurn,
     ContextStatus,
+    DenyCall,
     Inspect,
+    ListApprovals,
     McpServerDown,
     McpServerUp,
     TurnEvent,
@@ -307,6 +314,7 @@ class Runtime:
             agents=agents,
             budgeted=config.loop.token_budget is not None,
             tracer=tracer,
+            approvals=approval_policies(config, (t.name for t in tools if t.approval)),
         )
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.secrets()
@@ -342,7 +350,12 @@ class Runtime:
             directory.register(EVENTS, EventSink(refs[EVENTS], subscribers))
             for address in (STORE, PORT):
                 directory.register(address, refs[address])
-            refs[CONTEXT] = ContextActor.start(config, directory, registry, memory, env, clock)
+            # The calls that waited for a person when the last runtime stopped: the Context
+            # holds their sessions from its first message on (SPEC 11).
+            waiting = refs[STORE].ask(ListApprovals(), timeout=30)
+            refs[CONTEXT] = ContextActor.start(
+                config, directory, registry, memory, env, clock, waiting
+            )
             if config.cron or config.heartbeat:
                 refs[SCHEDULER] = SchedulerActor.start(
                     config,
@@ -521,6 +534,39 @@ class Runtime:
         self._check_open()
         status: ContextStatus = self.context.ask(Inspect(), block=True, timeout=timeout)
         return tuple(status.live)
+
+    def pending_approvals(self, timeout: float = 10.0) -> tuple[ApprovalRequested, ...]:
+        """The calls waiting for a person's decision, oldest ``at`` first."""
+        self._check_open()
+        return tuple(self.context.ask(ListApprovals(), timeout=timeout))
+
+    def approve(
+        self, session: str, call_id: int, note: str | None = None, timeout: float = 10.0
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say yes to ``session``'s waiting call ``call_id``: it runs as any call would.
+        ``ApprovalRefused`` if it is not waiting (never was, or was settled already)."""
+        return self._decide(ApproveCall(session, call_id, note), timeout)
+
+    def deny(
+        self, session: str, call_id: int, reason: str, timeout: float = 10.0
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say no to ``session``'s waiting call ``call_id``: the model reads
+        ``Denied: a person declined this call: <reason>.``"""
+        return self._decide(DenyCall(session, call_id, reason), timeout)
+
+    def _decide(
+        self, decision: ApproveCall | DenyCall, timeout: float
+    ) -> ApprovalSettled | ApprovalRefused:
+        check_wait(timeout, "timeout")
+        address = self.directory.unique("waiter")
+        waiter = _Waiter()
+        self.directory.register(address, waiter)
+        try:
+            self._tell_context(msgspec.structs.replace(decision, reply_to=address))
+            answer: ApprovalSettled | ApprovalRefused = waiter.wait(timeout)
+            return answer
+        finally:
+            self.directory.unregister(address, waiter)
 
     def _check_open(self) -> None:
         """``RuntimeError`` once this runtime is stopped."""

@@ -34,6 +34,7 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.sqlite import SessionStore
+from messages.approvals import DropApprovals, ListApprovals, SettleApproval, StoreApproval
 from messages.background import (
     BackgroundLoaded,
     BackgroundSaved,
@@ -65,8 +66,12 @@ StoreRequest = (
     | SaveBackground
     | DropBackground
     | LoadBackground
+    | StoreApproval
+    | SettleApproval
+    | DropApprovals
 )
-"""What the store actor answers."""
+"""What the store actor writes and answers (``SettleApproval`` and ``DropApprovals`` are not
+answered)."""
 
 
 _REQUESTS = (
@@ -77,7 +82,11 @@ _REQUESTS = (
     SaveBackground,
     DropBackground,
     LoadBackground,
+    StoreApproval,
+    SettleApproval,
+    DropApprovals,
 )
+_UNANSWERED = (SettleApproval, DropApprovals)
 
 
 class _Inbox(SimpleInbox):
@@ -172,6 +181,8 @@ class StoreActor(pykka.ThreadingActor):
             if self.store is not None:
                 self.store.release(message.session)
             return None
+        if isinstance(message, ListApprovals):  # asked by Runtime.start, before the Context
+            return self.store.approvals() if self.store is not None else []
         if not isinstance(message, _REQUESTS):
             log.warning("store actor ignores unknown message %s", type(message).__name__)
             return None
@@ -185,6 +196,8 @@ class StoreActor(pykka.ThreadingActor):
         lend = self.lend_thread if inbox.empty() else contextlib.nullcontext
         with lend():
             for request, reply in zip(batch, answers, strict=True):
+                if isinstance(request, _UNANSWERED):
+                    continue
                 if not self.directory.tell(request.reply_to, reply):
                     log.debug("store reply to %s was not delivered", request.reply_to)
         return None
@@ -220,6 +233,14 @@ class StoreActor(pykka.ThreadingActor):
             return store.load_background_in
         if isinstance(msg, CompactHistory):
             return lambda cur: store.compact_in(cur, msg.session, msg.summary)
+        if isinstance(msg, StoreApproval):
+            return lambda cur: store.add_approval_in(cur, msg.approval)
+        if isinstance(msg, SettleApproval):
+            return lambda cur: store.settle_approval_in(
+                cur, msg.session, msg.call_id, msg.approved, msg.reason
+            )
+        if isinstance(msg, DropApprovals):
+            return lambda cur: store.drop_approvals_in(cur, msg.session, msg.call_ids)
         if isinstance(msg, CreateChild):
             return lambda cur: store.create_child_in(
                 cur,
@@ -246,6 +267,10 @@ class StoreActor(pykka.ThreadingActor):
         )
 
     def _reply(self, msg: StoreRequest, result: Any) -> Any:
+        if isinstance(msg, _UNANSWERED):
+            if isinstance(result, Exception):
+                log.warning("store: %s for %s failed: %s", type(msg).__name__, msg.session, result)
+            return None
         rid = msg.request_id
         if isinstance(msg, SaveBackground | DropBackground):
             error = str(result) if isinstance(result, Exception) else ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, cast
@@ -21,8 +21,10 @@ import pykka
 from actors.core.agents import Agents
 from actors.core.config import Config
 from actors.core.context_effects import (
+    ArmApprovalTimer,
     ArmSweep,
     BuildBaseline,
+    CancelApprovalTimer,
     CancelTimer,
     ContextEffect,
     Emit,
@@ -47,16 +49,22 @@ from actors.sessions.session import SessionActor, SessionEnv
 from actors.stores.base import StoreError
 from actors.stores.memory import MemorySource
 from messages import (
+    ApprovalTimedOut,
+    ApproveCall,
     BackgroundLoaded,
     BackgroundSaved,
     Baseline,
     CancelModelRequest,
     CancelTurn,
     ChildTimedOut,
+    DenyCall,
+    DropApprovals,
     FailReason,
     Inspect,
+    ListApprovals,
     MemoryWarning,
     ModelRequest,
+    Parked,
     Remember,
     ScheduledTurn,
     SessionCrashed,
@@ -64,6 +72,7 @@ from messages import (
     SessionStopped,
     SessionTurnEnded,
     StartTurn,
+    StoredApproval,
     StoreFailed,
     SubagentRequest,
     Tick,
@@ -102,6 +111,7 @@ class ContextActor(DispatchedActor):
         memory: MemorySource,
         session_env: SessionEnv,
         clock: Callable[[], datetime],
+        approvals: Sequence[StoredApproval] = (),
     ) -> None:
         super().__init__(session_env.dispatcher)
         self.config = config
@@ -114,11 +124,15 @@ class ContextActor(DispatchedActor):
         self.state = ContextState(config, self.agents, clock, CONTEXT)
         self.sweep: TimerHandle | None = None
         self.timers: dict[str, TimerHandle] = {}
+        self.approval_timers: dict[tuple[str, int], TimerHandle] = {}
+        self.restored = tuple(approvals)  # read from the store at the start
         self._baselines: dict[tuple[str, str, str, int], Baseline] = {}
 
     def on_start(self) -> None:
         self.directory.register(CONTEXT, self.actor_ref)
         self._carry_out(self.state.begin())
+        restored, self.restored = self.restored, ()
+        self._carry_out(self.state.desk.restore(restored))
 
     def on_stop(self) -> None:
         self._shut_down("the runtime stopped")
@@ -135,7 +149,7 @@ class ContextActor(DispatchedActor):
         """Answer every held turn CANCELLED and tell every running one to stop working."""
         if self.sweep is not None:
             self.sweep.cancel()
-        for timer in self.timers.values():
+        for timer in (*self.timers.values(), *self.approval_timers.values()):
             timer.cancel()
         self._carry_out(self.state.shut_down(detail))
         self.directory.unregister(CONTEXT, self.actor_ref)
@@ -191,6 +205,20 @@ class ContextActor(DispatchedActor):
             effects = state.background_loaded(message)
         elif isinstance(message, WaitFamily):
             effects = state.wait_family(message)
+        elif isinstance(message, StoredApproval):
+            effects = state.desk.requested(message)
+        elif isinstance(message, ApproveCall):
+            effects = state.desk.approve(message)
+        elif isinstance(message, DenyCall):
+            effects = state.desk.deny(message)
+        elif isinstance(message, ApprovalTimedOut):
+            effects = state.desk.timed_out(message)
+        elif isinstance(message, DropApprovals):
+            effects = state.desk.dropped(message)
+        elif isinstance(message, Parked):
+            effects = state.desk.parked(message)
+        elif isinstance(message, ListApprovals):
+            return state.desk.book.pending()
         else:
             log.warning("context: unexpected message %r", message)
             return None
@@ -237,6 +265,16 @@ class ContextActor(DispatchedActor):
                 timer = self.timers.pop(effect.child, None)
                 if timer is not None and not effect.fired:
                     timer.cancel()
+            elif isinstance(effect, ArmApprovalTimer):
+                key = (effect.session, effect.call_id)
+                timed_out = ApprovalTimedOut(effect.session, effect.call_id)
+                self.approval_timers[key] = self.dispatcher.call_later(
+                    effect.seconds, functools.partial(self._tell_me, timed_out)
+                )
+            elif isinstance(effect, CancelApprovalTimer):
+                handle = self.approval_timers.pop((effect.session, effect.call_id), None)
+                if handle is not None:
+                    handle.cancel()
             elif isinstance(effect, ArmSweep):
                 if self.sweep is not None:
                     self.sweep.cancel()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from actors.core.agents import Agent, Agents
+from actors.core.approvals import ApprovalPolicy
 from actors.core.config import DEFAULT_AGENT, AgentConfig
 from actors.core.dispatch import Registry
 from actors.core.limits import Limits
@@ -19,13 +20,17 @@ from actors.core.output import FinalAnswer, OutputTypes
 from actors.core.session_state import SessionState, store_failure_reason
 from actors.core.turn import Turn
 from actors.core.turn_effects import (
+    Announce,
+    AskApproval,
     CallPort,
     CancelModel,
     CancelPort,
     Compact,
+    DropWaiting,
     Effect,
     Emit,
     Finish,
+    ForgetApprovals,
     Persist,
     RequestModel,
     Spawn,
@@ -46,6 +51,7 @@ from actors.tracing.base import NoTracer, Tracer
 from messages import (
     Appended,
     AppendMessages,
+    ApprovalDecision,
     BackgroundReport,
     Cancel,
     CancelModelRequest,
@@ -53,11 +59,14 @@ from messages import (
     ChatMessage,
     CompactHistory,
     CreateChild,
+    DropApprovals,
     FailReason,
     Inspect,
     ModelAnswer,
     ModelError,
     ModelRequest,
+    Park,
+    Parked,
     PortCall,
     Remember,
     RequestOptions,
@@ -68,6 +77,7 @@ from messages import (
     SessionStopped,
     SessionTurnEnded,
     SlotPool,
+    StoreApproval,
     StoreFailed,
     SubagentCompleted,
     SubagentFailed,
@@ -100,6 +110,8 @@ class SessionEnv:
     family's spend and refuses a request once the budget is spent."""
     tracer: Tracer = field(default_factory=NoTracer)
     """Sees every event this runtime's sessions emit (tracing)."""
+    approvals: Mapping[str, ApprovalPolicy] = field(default_factory=dict)
+    """Each profile's calls that wait for a person (``[approvals]``); none listed: none."""
 
     def agent(self, name: str) -> Agent:
         """Profile ``name`` as this runtime has it; ``KeyError`` if there is none."""
@@ -170,7 +182,7 @@ class SessionActor(DispatchedActor):
             effects = turn.cancel(FailReason.CRASHED, detail)
             # Store the results that keep the transcript valid and stop the work in flight;
             # nothing else of the turn.
-            kept = (Persist, CancelModel, CancelPort)
+            kept = (Persist, CancelModel, CancelPort, DropWaiting)
             self._carry_out([e for e in effects if isinstance(e, kept)])
         except Exception:
             log.exception("%s: could not store the repair of its cut-off turn", self.state.id)
@@ -182,6 +194,8 @@ class SessionActor(DispatchedActor):
             return self.record()
         if isinstance(message, RunTurn):
             return self._start(message)
+        if isinstance(message, Park):
+            return self._park()
         if isinstance(message, ModelAnswer) and self.env.budgeted:
             # Told before anything the answer leads to, so the Context counts it before this
             # session's next request; an answer its turn no longer wants was spent all the same.
@@ -208,14 +222,27 @@ class SessionActor(DispatchedActor):
         elif isinstance(message, SubagentCompleted | SubagentFailed):
             effects = turn.subagent_result(message)
         elif isinstance(message, Cancel):
-            effects = turn.cancel(message.reason, message.detail)
+            effects = turn.cancel(message.reason, message.detail, message.park)
         elif isinstance(message, BackgroundReport):
             effects = turn.report(message)
+        elif isinstance(message, ApprovalDecision):
+            effects = turn.approval_decided(message)
         else:
             log.warning("%s: unexpected message %r", self.state.id, message)
             return None
         self._carry_out(effects)
         return None
+
+    def _park(self) -> None:
+        """The Context passivates this session while its calls wait for a person: park the
+        turn if only those are left, and say whether it did."""
+        turn = self.turn
+        effects = turn.park() if turn is not None else None
+        if effects is not None:
+            self._carry_out(effects)
+            self.turn = None
+        parked = Parked(self.state.id, self.incarnation, effects is not None)
+        self.env.directory.tell(CONTEXT, parked)
 
     def _start(self, message: RunTurn) -> None:
         if self.turn is not None:
@@ -227,6 +254,9 @@ class SessionActor(DispatchedActor):
         self.create = message.create
         self.text = message.text
         self.turn = self._new_turn()
+        if message.resume is not None:
+            self._carry_out(self.turn.resume(message.resume))
+            return
         self._carry_out(
             self.turn.start(
                 message.text, message.speaker, stored=message.stored, reports=message.reports
@@ -248,8 +278,9 @@ class SessionActor(DispatchedActor):
         return self.turn.start(self.text)
 
     def _new_turn(self) -> Turn:
-        """A turn of this session; a typed one (its baseline lists ``final_answer``) counts
-        its tries, validated with msgspec when the runtime knows a Python type for it."""
+        """A turn of this session, with the calls its profile makes wait for a person; a typed
+        one (its baseline lists ``final_answer``) counts its tries, validated with msgspec when
+        the runtime knows a Python type for it."""
         turn = Turn(
             self.state,
             self.agent.registry,
@@ -257,6 +288,7 @@ class SessionActor(DispatchedActor):
             self.env.request_ids,
             self.env.clock,
             agent=self.agent.name,
+            approvals=self.env.approvals.get(self.agent.name),
         )
         types = self.env.agents.output_types if self.env.agents is not None else OutputTypes()
         rule = types.rule(self.state.baseline, self.env.limits.output_retries)
@@ -342,6 +374,15 @@ class SessionActor(DispatchedActor):
                     effect.background,
                 )
                 tell(CONTEXT, request)
+            elif isinstance(effect, AskApproval):
+                ask = StoreApproval(s.id, effect.request_id, effect.approval, self.address)
+                tell(STORE, ask)
+            elif isinstance(effect, Announce):
+                tell(CONTEXT, effect.approval)  # stored: the Context publishes the request
+            elif isinstance(effect, ForgetApprovals):
+                tell(STORE, DropApprovals(s.id, effect.call_ids))
+            elif isinstance(effect, DropWaiting):
+                tell(CONTEXT, DropApprovals(s.id, effect.call_ids))
             elif isinstance(effect, Compact):
                 tell(STORE, CompactHistory(s.id, effect.request_id, effect.summary, self.address))
             elif isinstance(effect, Finish):

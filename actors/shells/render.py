@@ -9,6 +9,8 @@ import msgspec
 from actors.core.dispatch import depth_of
 from actors.core.text import escape_controls
 from messages import (
+    ApprovalRequested,
+    ApprovalSettled,
     Compacted,
     CompactionFailed,
     JobSkipped,
@@ -30,7 +32,7 @@ from messages import (
     TurnStarted,
 )
 
-__all__ = ["EventPrinter", "render_event", "table"]
+__all__ = ["EventPrinter", "approvals_table", "render_event", "table"]
 
 _PREVIEW = 72
 
@@ -42,6 +44,25 @@ def table(rows: list[list[str]], header: list[str]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in [header, *rows]
     )
+
+
+def approvals_table(requests: tuple[ApprovalRequested, ...]) -> str:
+    """The calls waiting for a person, oldest first, with the untrusted flag shown (its
+    arguments may come from injected text); ``no call waits for a decision`` when none."""
+    if not requests:
+        return "no call waits for a decision"
+    rows = [
+        [
+            r.session,
+            str(r.call_id),
+            r.tool,
+            "UNTRUSTED" if r.untrusted else "-",
+            f"{r.at:%Y-%m-%d %H:%M:%S}",
+            escape_controls(_preview(r.arguments), one_line=True),
+        ]
+        for r in requests
+    ]
+    return table(rows, ["session", "call", "tool", "untrusted", "since", "arguments"])
 
 
 def _preview(text: str | None) -> str:
@@ -95,6 +116,11 @@ def _describe(event: TurnEvent) -> str:
             return f"memory: {detail}"
         case TextDelta(text=text):
             return f"✎ {text}"
+        case ApprovalRequested(call_id=call_id, tool=tool, arguments=arguments):
+            flag = " (untrusted session)" if event.untrusted else ""
+            return f"  call {call_id} {tool} waits for a person{flag}: {_preview(arguments)}"
+        case ApprovalSettled(call_id=call_id, approved=approved):
+            return f"  call {call_id} {'approved' if approved else 'declined'}"
     return type(event).__name__
 
 

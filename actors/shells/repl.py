@@ -27,12 +27,15 @@ from actors.core.dispatch import descends_from
 from actors.core.text import escape_controls, redact
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, PORT, STORE, session_address
 from actors.runtime import Runtime
-from actors.shells.render import EventPrinter, table
+from actors.shells.render import EventPrinter, approvals_table, table
 from actors.shells.views import SessionRow, SessionTable, SessionView, session_view
 from actors.stores.base import StoreError
 from actors.stores.open import open_store
 from actors.tools.tool import PortTool
 from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
     ChatMessage,
     ContextStatus,
     FailReason,
@@ -362,6 +365,23 @@ class Helpers:
             name = type(message).__name__
             raise TimeoutError(f"{address} did not answer {name} within {timeout} s") from None
 
+    def approvals(self) -> tuple[ApprovalRequested, ...]:
+        """Print the calls waiting for a person (oldest first, untrusted ones marked) and
+        return them."""
+        waiting = self.rt.pending_approvals()
+        _print(approvals_table(waiting))
+        return waiting
+
+    def approve(
+        self, session: str, call_id: int, note: str | None = None
+    ) -> ApprovalSettled | ApprovalRefused:
+        """Say yes to a waiting call; it runs as any call would."""
+        return self.rt.approve(session, call_id, note)
+
+    def deny(self, session: str, call_id: int, reason: str) -> ApprovalSettled | ApprovalRefused:
+        """Say no to a waiting call; the model reads ``reason``."""
+        return self.rt.deny(session, call_id, reason)
+
     def namespace(self) -> dict[str, Any]:
         """What the console sees: rt, ctx, the helpers, ``messages`` and common messages."""
         return {
@@ -380,6 +400,9 @@ class Helpers:
             "ask": self.ask,
             "show": self.show,
             "tail": self.tail,
+            "approvals": self.approvals,
+            "approve": self.approve,
+            "deny": self.deny,
             "messages": messages,
             **_MESSAGE_CLASSES,
         }
@@ -398,6 +421,8 @@ _HELP = [
     ("ask(address, message)", 'its answer: ask("demo", Inspect()).turns'),
     ("show(session)", "a stored transcript"),
     ("tail(on=True)", "print every event as it happens"),
+    ("approvals()", "the calls waiting for a person (untrusted ones marked)"),
+    ("approve(s, id) / deny(s, id, why)", "decide a waiting call"),
     ("messages", ", ".join(_MESSAGE_CLASSES) + ", ..."),
 ]
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from messages.approvals import StoredApproval
 from messages.background import BackgroundRow
 from messages.chat import Baseline, ChatMessage
 from messages.runtime import SessionRecord
@@ -125,6 +126,28 @@ class StoreBackend(Protocol):
 
     def release(self, id: str) -> None:
         """This process no longer runs ``id``: let another one take it (a no-op for SQLite)."""
+        ...
+
+    def add_approval_in(self, cur: Any, entry: StoredApproval) -> None:
+        """Store a call that waits for a person."""
+        ...
+
+    def settle_approval_in(
+        self, cur: Any, session: str, call_id: int, approved: bool, reason: str = ""
+    ) -> bool:
+        """Record a decision for a waiting call; False if it is not waiting."""
+        ...
+
+    def drop_approvals_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
+        """Forget stored approvals of ``session`` (answered, or cancelled)."""
+        ...
+
+    def approvals(self) -> list[StoredApproval]:
+        """Every stored approval, oldest first."""
+        ...
+
+    def settle_approval(self, session: str, call_id: int, approved: bool, reason: str = "") -> bool:
+        """Record a decision in a transaction of its own; False if the call is not waiting."""
         ...
 
     def close(self) -> None:

@@ -43,6 +43,17 @@ _TABLES = (
     at        TEXT NOT NULL,
     PRIMARY KEY (session, seq)
 )""",
+    # The calls waiting for a person (schema 4): ``body`` is the StoredApproval, ``decided``
+    # set once a decision is recorded that no running turn has carried out yet.
+    """CREATE TABLE {exists}{t}approvals (
+    session  TEXT NOT NULL,
+    call_id  {bigint} NOT NULL,
+    body     {blob} NOT NULL,
+    at       TEXT NOT NULL,
+    deadline TEXT NOT NULL,
+    decided  {flag} NOT NULL DEFAULT {false}{decided_check},
+    PRIMARY KEY (session, call_id)
+)""",
 )
 
 # Background children (``[subagents] background``): one row per child, while it runs
@@ -109,10 +120,12 @@ class Dialect:
                 false="0" if flag_check else "FALSE",
                 untrusted_check=" CHECK (untrusted IN (0, 1))" if flag_check else "",
                 compacted_check=" CHECK (compacted IN (0, 1))" if flag_check else "",
+                decided_check=" CHECK (decided IN (0, 1))" if flag_check else "",
             )
             for table in _TABLES
         )
-        """The three session tables' ``CREATE TABLE`` statements; the sessions table's name
+        """The session tables' ``CREATE TABLE`` statements (baselines, sessions, messages,
+        approvals); the sessions table's name
         is left as ``{sessions}`` (a migration builds it under another name first)."""
         self.background_table = _BACKGROUND.format(
             exists="IF NOT EXISTS " if if_not_exists else "",
@@ -187,3 +200,17 @@ class _Statements:
         self.load_background = q(
             "SELECT child, parent, call_id, report, untrusted FROM {t}background ORDER BY at, child"
         )
+        self.approval = q(
+            "INSERT INTO {t}approvals (session, call_id, body, at, deadline, decided)"
+            " VALUES (?, ?, ?, ?, ?, FALSE) ON CONFLICT DO NOTHING"
+        )
+        self.approval_body = q(
+            "SELECT body FROM {t}approvals WHERE session = ? AND call_id = ? AND NOT decided"
+            + d.for_update
+        )
+        self.settle = q(
+            "UPDATE {t}approvals SET body = ?, decided = TRUE"
+            " WHERE session = ? AND call_id = ? AND NOT decided"
+        )
+        self.drop_approval = q("DELETE FROM {t}approvals WHERE session = ? AND call_id = ?")
+        self.approvals = q("SELECT body FROM {t}approvals ORDER BY at, session, call_id")

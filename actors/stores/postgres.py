@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 
 PG_SCHEMA_VERSION = 3
 """The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
-sessions run the ``default`` agent. Version 2 had no ``loopd_background``."""
+sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
+``loopd_approvals``."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -94,7 +95,7 @@ PG = Dialect(
 )
 """PostgreSQL's dialect: ``%s``, tables named ``loopd_*``, ``FOR UPDATE``, real booleans."""
 
-_BASELINES, _SESSIONS, _MESSAGES = PG.tables
+_BASELINES, _SESSIONS, _MESSAGES, _APPROVALS = PG.tables
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS loopd_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     _BASELINES,
@@ -102,8 +103,9 @@ _SCHEMA = (
     # Version 2: the agent profile of each session (a version 1 table gains it here).
     "ALTER TABLE loopd_sessions ADD COLUMN IF NOT EXISTS agent TEXT NOT NULL DEFAULT 'default'",
     _MESSAGES,
-    # Version 3: background children and their reports.
+    # Version 3: background children and their reports, and the calls that wait for a person.
     PG.background_table,
+    _APPROVALS,
     """CREATE TABLE IF NOT EXISTS loopd_memory (
         seq  BIGSERIAL PRIMARY KEY,
         text TEXT NOT NULL,

@@ -34,6 +34,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
+from actors.stores.approval_rows import ApprovalRows
 from actors.stores.background_rows import BackgroundRows
 from actors.stores.base import (
     SessionExists,
@@ -85,7 +86,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore(BackgroundRows):
+class SqlSessionStore(BackgroundRows, ApprovalRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;
@@ -100,7 +101,8 @@ class SqlSessionStore(BackgroundRows):
     """
 
     dialect: Dialect
-    """The database's dialect (a class attribute of each store)."""
+    """The database's dialect (a class attribute of each store). The approvals table's
+    methods come from :class:`~actors.stores.approval_rows.ApprovalRows`."""
 
     _now = staticmethod(now)
 

@@ -31,9 +31,9 @@ DB_NAME = "loopd.db"
 
 SCHEMA_VERSION = 4
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
-in ``sessions``, no ``parent``), version 2 (no ``agent``) and version 3 (no ``background``
-table) are migrated when a store is opened; a session stored before version 3 runs the
-``default`` agent."""
+in ``sessions``, no ``parent``), version 2 (no ``agent``) and version 3 (no ``background`` and
+no ``approvals`` table) are migrated when a store is opened; a session stored before version 3
+runs the ``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -61,7 +61,7 @@ SQLITE = Dialect(
 )
 """SQLite's dialect: ``?``, no table prefix, ``BEGIN IMMEDIATE``, flags as 0/1 integers."""
 
-_BASELINES, _SESSIONS, _MESSAGES = SQLITE.tables
+_BASELINES, _SESSIONS, _MESSAGES, _APPROVALS = SQLITE.tables
 
 
 class SessionStore(SqlSessionStore):
@@ -156,7 +156,7 @@ class SessionStore(SqlSessionStore):
             if version == 0:
                 known = conn.execute(
                     "SELECT name FROM sqlite_master WHERE name IN"
-                    " ('sessions', 'messages', 'baselines', 'background')"
+                    " ('sessions', 'messages', 'baselines', 'background', 'approvals')"
                 ).fetchall()
                 if known:
                     raise StoreError(
@@ -165,6 +165,7 @@ class SessionStore(SqlSessionStore):
                 conn.execute(_BASELINES)
                 conn.execute(_SESSIONS.format(sessions="sessions"))
                 conn.execute(_MESSAGES)
+                conn.execute(_APPROVALS)
             elif version == 1:
                 self._migrate_from_1(conn)  # builds the version 3 table
             elif version == 2:
@@ -174,6 +175,9 @@ class SessionStore(SqlSessionStore):
                 )
             if version < 4:  # version 4: background children and their reports
                 conn.execute(SQLITE.background_table)
+            if 1 <= version < 4:  # version 4 also keeps the calls that wait for a person
+                log.info("store %s: adding the approvals table (schema 4)", self.path)
+                conn.execute(_APPROVALS)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")

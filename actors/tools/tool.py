@@ -109,12 +109,14 @@ class PortTool:
     context (its cancel signal, its deadline). An ``async def`` ``fn`` is awaited on the
     port's event loop, as a typed async tool is. ``untrusted`` marks every result as untrusted
     data (web pages, mail, anything a third party wrote): the calling session becomes untrusted.
+    ``approval``: every call waits for a person's yes or no before it runs (``[approvals]``).
     """
 
     spec: ToolSpec
     fn: Callable[..., str | ToolOutput | Awaitable[str | ToolOutput]]
     data_class: DataClass = DataClass.PUBLIC
     untrusted: bool = False
+    approval: bool = False
     _context: str | None = field(init=False, repr=False, compare=False, default=None)
     _async: bool = field(init=False, repr=False, compare=False, default=False)
 

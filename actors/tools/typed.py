@@ -304,10 +304,11 @@ def typed_tool(
     description: str | None = None,
     data_class: DataClass = DataClass.PUBLIC,
     untrusted: bool = False,
+    approval: bool = False,
 ) -> TypedTool:
     """``fn`` as a port tool whose schema comes from its hints and docstring."""
     shape = shape_of(fn, name, description)
-    return TypedTool(spec_of(shape), fn, data_class, untrusted, shape)
+    return TypedTool(spec_of(shape), fn, data_class, untrusted, approval=approval, shape=shape)
 
 
 @overload
@@ -322,6 +323,7 @@ def port_tool(
     *,
     data_class: DataClass = DataClass.PUBLIC,
     untrusted: bool = False,
+    approval: bool = False,
 ) -> Callable[[Callable[..., Any]], PortTool]: ...
 
 
@@ -332,6 +334,7 @@ def port_tool(
     *,
     data_class: DataClass = DataClass.PUBLIC,
     untrusted: bool = False,
+    approval: bool = False,
 ) -> PortTool | Callable[[Callable[..., Any]], PortTool]:
     """Decorate a function as a :class:`PortTool`.
 
@@ -344,7 +347,8 @@ def port_tool(
             \"\"\"The weather forecast for a city.\"\"\"
 
     A function of one parameter, the arguments dict (unannotated or annotated ``dict``), or
-    any function given a hand-written schema (``parameters``)::
+    any function given a hand-written schema (``parameters``). ``approval=True``: every call
+    waits for a person's yes or no (``Runtime.approve`` / ``Runtime.deny``) before it runs::
 
         @port_tool("hostname", "This machine's host name.")
         def hostname(args): return socket.gethostname()
@@ -356,10 +360,15 @@ def port_tool(
 
         if parameters is None and not takes_arguments_dict(fn):
             return typed_tool(
-                fn, name=name, description=description, data_class=data_class, untrusted=untrusted
+                fn,
+                name=name,
+                description=description,
+                data_class=data_class,
+                untrusted=untrusted,
+                approval=approval,
             )
         schema = parameters or {"type": "object", "properties": {}}
         spec = ToolSpec(name or fn.__name__, description or "", schema)
-        return PortTool(spec, fn, data_class, untrusted)
+        return PortTool(spec, fn, data_class, untrusted, approval)
 
     return wrap

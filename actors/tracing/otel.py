@@ -21,6 +21,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from messages import (
+    ApprovalRequested,
+    ApprovalSettled,
     ModelAnswered,
     ModelRequestSent,
     SubagentStarted,
@@ -157,6 +159,17 @@ class OtelTracer:
                     span.end()
             case TurnEnded():
                 self._turn_ended(event)
+            case ApprovalRequested() | ApprovalSettled():
+                # A call that waits for a person: an event on its span, which stays open.
+                with self._lock:
+                    span = self._tools.get((event.session, event.call_id))
+                if span is not None:
+                    if isinstance(event, ApprovalRequested):
+                        span.add_event(
+                            "loopd.approval.requested", {"loopd.untrusted": event.untrusted}
+                        )
+                    else:
+                        span.add_event("loopd.approval.settled", {"loopd.approved": event.approved})
             case _:
                 pass
 

@@ -1,0 +1,269 @@
+"""The turn's side of approvals: holding a call for a person, and resuming a cut-off turn.
+
+A :class:`~actors.core.turn.Turn` checks each call first, as it always does (arguments, an
+allowed tool, the limits, an untrusted session's denials); only a call that would run is held
+here when its tool needs approval. Its work (the ``CallPort``, ``WriteMemory`` or ``Spawn`` it
+would do) is kept in :class:`ApprovalWait`, the call is stored (``AskApproval``), and once the
+store has it the Context is told (``Announce``), which publishes ``ApprovalRequested``. The
+other calls of the answer run meanwhile; all results still go back in call order.
+
+:func:`resume` continues a turn whose stored transcript ends in an assistant message with calls
+that have no result: the turn a stop or a crash cut off while a call waited for a person. It is
+general: decided calls run (or answer their denial), calls still waiting are held again, and any
+other call without a result is answered as interrupted, as a crash's repair does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from actors.core.approvals import ApprovalPolicy, declined_text, stored_approval
+from actors.core.dispatch import Registry
+from actors.core.session_state import SessionState, unanswered_text
+from actors.core.turn_effects import (
+    Announce,
+    AskApproval,
+    DropWaiting,
+    Effect,
+    Emit,
+    ForgetApprovals,
+    Persist,
+)
+from messages import (
+    ApprovalDecision,
+    ChatMessage,
+    Resume,
+    StoredApproval,
+    ToolCall,
+    ToolCallFinished,
+    ToolResult,
+    TurnCompleted,
+    TurnOutcome,
+    TurnStarted,
+)
+
+__all__ = ["ApprovalWait", "call_ordered", "open_calls", "park", "resume"]
+
+
+@dataclass
+class ApprovalWait:
+    """What one turn's approvals stand at."""
+
+    held: dict[int, list[Effect]] = field(default_factory=dict)
+    """The work of each call that waits for a person, done once it is approved."""
+    storing: dict[int, StoredApproval] = field(default_factory=dict)
+    """The store requests of calls being stored, by request id."""
+    asked: list[int] = field(default_factory=list)
+    """The calls of this answer that were stored, to forget once their results are."""
+    decided: dict[int, ApprovalDecision] = field(default_factory=dict)
+    """Decisions a resumed turn carries out."""
+    rewait: set[int] = field(default_factory=set)
+    """Calls a resumed turn holds again: stored, not decided yet."""
+
+    def clear(self) -> None:
+        """A new answer's calls start with nothing held."""
+        self.held.clear()
+        self.asked.clear()
+
+
+class Turn(Protocol):
+    """What these steps use of :class:`actors.core.turn.Turn` (named here, not imported, so
+    the turn machine and its approval steps do not import each other)."""
+
+    state: SessionState
+    registry: Registry
+    ids: Iterator[int]
+    approvals: ApprovalPolicy | None
+    wait: ApprovalWait
+    _calls: list[ToolCall]
+    _results: dict[int, ToolResult]
+    _turn_start: int
+
+    @property
+    def clock(self) -> Callable[[], datetime]: ...
+    def tool_result(self, result: ToolResult, cap: int | None = None) -> list[Effect]: ...
+    def finish_turn(self, outcome: TurnOutcome) -> list[Effect]: ...
+    def _ask(self) -> list[Effect]: ...
+    def _dispatch(self, calls: list[ToolCall] | None = None) -> list[Effect]: ...
+    def _maybe_continue(self) -> list[Effect]: ...
+
+
+def run_or_wait(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
+    """``work`` (a call that passed every check) now, or held until a person decides."""
+    wait = turn.wait
+    decision = wait.decided.pop(call.id, None)
+    if decision is not None:
+        wait.asked.append(call.id)
+        return work if decision.approved else decline(turn, call, decision.reason)
+    if call.id in wait.rewait:
+        wait.rewait.discard(call.id)
+        wait.asked.append(call.id)
+        wait.held[call.id] = work
+        return []
+    policy = turn.approvals
+    if policy is None or not policy.needs(call.name):
+        return work
+    entry = stored_approval(
+        turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s
+    )
+    request_id = next(turn.ids)
+    wait.held[call.id] = work
+    wait.storing[request_id] = entry
+    wait.asked.append(call.id)
+    return [AskApproval(request_id, entry)]
+
+
+def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
+    """``call`` answers the DECLINED denial."""
+    text = declined_text(reason)
+    turn._results[call.id] = ToolResult(call.id, text, denied=True)
+    finished = ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name, denied=True)
+    return [Emit(finished)]
+
+
+def stored(turn: Turn, request_id: int) -> list[Effect]:
+    """The store has the waiting call: the Context may announce it (unless it is over)."""
+    entry = turn.wait.storing.pop(request_id)
+    if entry.request.call_id not in turn.wait.held:
+        return []
+    return [Announce(entry)]
+
+
+def not_stored(turn: Turn, request_id: int, detail: str) -> list[Effect]:
+    """The waiting call could not be stored: it fails, and nobody is asked."""
+    entry = turn.wait.storing.pop(request_id)
+    call_id = entry.request.call_id
+    if turn.wait.held.pop(call_id, None) is None:
+        return []
+    turn.wait.asked.remove(call_id)
+    text = f"Error: the call could not be stored to wait for a person: {detail}"
+    return turn.tool_result(ToolResult(call_id, text))
+
+
+def decided(turn: Turn, decision: ApprovalDecision) -> list[Effect]:
+    """A person (or the timeout) settled a held call: its work runs, or it is declined."""
+    work = turn.wait.held.pop(decision.call_id, None)
+    call = next((c for c in turn._calls if c.id == decision.call_id), None)
+    if work is None or call is None:
+        return []
+    if decision.approved:
+        return work
+    return decline(turn, call, decision.reason) + turn._maybe_continue()
+
+
+def settled_effects(turn: Turn) -> list[Effect]:
+    """Once an answer's results are stored: forget the requests of its calls."""
+    asked, turn.wait.asked = tuple(turn.wait.asked), []
+    turn.wait.held.clear()
+    return [ForgetApprovals(asked)] if asked else []
+
+
+def dropped(turn: Turn, park: bool) -> list[Effect]:
+    """The turn ends early (a cancel, a stop): the Context drops the calls that wait, unless
+    the runtime stops (``park``), when they stay stored for the next start; the requests of
+    calls decided already are forgotten (their results are being made up now)."""
+    held = tuple(sorted(turn.wait.held))
+    decided = tuple(c for c in turn.wait.asked if c not in turn.wait.held)
+    effects: list[Effect] = [ForgetApprovals(decided)] if decided else []
+    if held and not park:
+        effects.append(DropWaiting(held))
+    return effects
+
+
+def park(turn: Turn) -> list[Effect] | None:
+    """Stop the turn for now, if only calls waiting for a person are left (every other call
+    has its result and every request is stored): store those results, keep the waiting calls
+    unanswered (their requests stay stored), and end unpublished. None: it cannot park now."""
+    held = turn.wait.held
+    if not held or turn.wait.storing:
+        return None
+    if any(c.id not in turn._results and c.id not in held for c in turn._calls):
+        return None
+    results = tuple(
+        ChatMessage(role="tool", content=turn._results[c.id].text, tool_call_id=c.id)
+        for c in turn._calls
+        if c.id in turn._results
+    )
+    decided = tuple(c for c in turn.wait.asked if c not in held)  # their results go now
+    held.clear()
+    if not results:
+        return []
+    turn.state.extend(results)
+    forget: list[Effect] = [ForgetApprovals(decided)] if decided else []
+    return [Persist(next(turn.ids), results), *forget]
+
+
+def call_ordered(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """``messages`` with the results of each answer in its calls' order.
+
+    A turn parked or cut off while a call waited for a person stores the other results first
+    and the decided one later; the model still reads them in call order. ``messages`` itself
+    when every run of results is in order (the usual case: nothing is copied).
+    """
+    out: list[ChatMessage] | None = None
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        i += 1
+        if message.role != "assistant" or len(message.tool_calls) < 2:
+            continue
+        end = i
+        while end < len(messages) and messages[end].role == "tool":
+            end += 1
+        order = {c.id: n for n, c in enumerate(message.tool_calls)}
+        run = messages[i:end]
+        ranked = sorted(run, key=lambda m: order.get(m.tool_call_id or 0, len(order)))
+        if ranked != list(run):
+            out = list(messages) if out is None else out
+            out[i:end] = ranked
+        i = end
+    return messages if out is None else tuple(out)
+
+
+def open_calls(transcript: Sequence[ChatMessage]) -> tuple[list[ToolCall], int]:
+    """The calls of the last answer that have no result, and the index of the last user
+    message (where that turn began); no calls when the transcript does not end in an
+    answer's calls."""
+    answered: set[int] = set()
+    calls: list[ToolCall] = []
+    for message in reversed(transcript):
+        if message.role == "tool" and message.tool_call_id is not None:
+            answered.add(message.tool_call_id)
+            continue
+        if message.role == "assistant":
+            calls = [c for c in message.tool_calls if c.id not in answered]
+        break
+    start = next((i for i in range(len(transcript) - 1, -1, -1) if transcript[i].role == "user"), 0)
+    return calls, start
+
+
+def resume(turn: Turn, order: Resume) -> list[Effect]:
+    """Continue the turn the stored transcript cut off (see the module's doc)."""
+    state = turn.state
+    started: list[Effect] = [Emit(TurnStarted(session=state.id, slot=state.slot))]
+    calls, turn._turn_start = open_calls(state.transcript)
+    # A request whose call has its result stored (a crash between the two writes) is stale.
+    open_ids = {c.id for c in calls}
+    stale = sorted(({d.call_id for d in order.decisions} | set(order.waiting)) - open_ids)
+    if stale:
+        started.append(DropWaiting(tuple(stale)))
+    if not calls:
+        last = state.transcript[-1] if state.transcript else None
+        if last is None or last.role != "assistant":
+            return [*started, *turn._ask()]
+        return [*started, *turn.finish_turn(TurnCompleted(state.id, last.content or ""))]
+    turn.wait.decided = {d.call_id: d for d in order.decisions}
+    turn.wait.rewait = set(order.waiting)
+    turn._calls, turn._results = calls, {}
+    now = turn.clock()
+    todo = []
+    for call in calls:
+        if call.id in turn.wait.decided or call.id in turn.wait.rewait:
+            todo.append(call)
+            continue
+        text = unanswered_text(state, turn.registry, call, now)
+        turn._results[call.id] = ToolResult(call.id, text, denied=text.startswith("Denied"))
+    return [*started, *turn._dispatch(todo)]

@@ -1,0 +1,160 @@
+"""Approvals: which calls wait for a person, and the table of those that wait (SPEC 11).
+
+Pure parts only. :class:`ApprovalPolicy` says whether a tool's calls wait (``[approvals]
+tools``, ``[agents.NAME] approve``, ``@port_tool(..., approval=True)``); :class:`ApprovalBook`
+is the Context's table of the calls waiting now, each stored before it is announced. The turn's
+side is ``actors.core.approval_steps``, the Context's ``actors.core.approval_desk``.
+
+The texts a person's decision leaves for the model are fixed: a declined call answers
+``denial_message(DenyReason.DECLINED, reason)``; the timeout declines with
+``no decision within <timeout_s> s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from actors.core.config import Config
+from messages import (
+    ApprovalRequested,
+    DenyReason,
+    StoredApproval,
+    ToolCall,
+    denial_message,
+)
+
+__all__ = [
+    "NOT_WAITING",
+    "ApprovalBook",
+    "ApprovalPolicy",
+    "ArmApprovalTimer",
+    "CancelApprovalTimer",
+    "Waiting",
+    "approval_policies",
+    "declined_text",
+    "stored_approval",
+    "timeout_reason",
+]
+
+NOT_WAITING = "call {call_id} of session {session} is not waiting for a decision"
+"""The ``ApprovalRefused.detail`` of a decision for a call that is not waiting (never was,
+settled already, or cancelled)."""
+
+
+def timeout_reason(timeout_s: float) -> str:
+    """The reason the timeout declines a call with: ``no decision within 604800 s``."""
+    return f"no decision within {timeout_s:g} s"
+
+
+def declined_text(reason: str) -> str:
+    """What a declined call answers the model: ``Denied: a person declined this call: ...``."""
+    return denial_message(DenyReason.DECLINED, reason)
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """The tools whose calls wait for a person in one profile's sessions, and how long."""
+
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    """``server__`` of each ``server__*`` pattern: every tool of that MCP server."""
+    timeout_s: float = 604800.0
+
+    @classmethod
+    def of(cls, names: Iterable[str], timeout_s: float) -> ApprovalPolicy:
+        """The policy for ``names``; a name ending in ``*`` is a prefix pattern."""
+        exact = {n for n in names if not n.endswith("*")}
+        prefixes = tuple(sorted({n[:-1] for n in names if n.endswith("*")}))
+        return cls(frozenset(exact), prefixes, timeout_s)
+
+    def needs(self, tool: str) -> bool:
+        """Whether a call of ``tool`` waits for a person."""
+        return tool in self.names or any(tool.startswith(p) for p in self.prefixes)
+
+
+def approval_policies(config: Config, marked: Iterable[str] = ()) -> dict[str, ApprovalPolicy]:
+    """Every profile's policy: ``approvals.tools``, the profile's ``approve`` and the port
+    tools marked ``approval=True``."""
+    common = (*config.approvals.tools, *marked)
+    timeout = config.approvals.timeout_s
+    return {
+        name: ApprovalPolicy.of((*common, *config.agent(name).approve), timeout)
+        for name in config.agent_names()
+    }
+
+
+def stored_approval(
+    session: str, call: ToolCall, untrusted: bool, at: datetime, timeout_s: float
+) -> StoredApproval:
+    """The record of ``call`` waiting from ``at``, with its deadline."""
+    request = ApprovalRequested(
+        session=session,
+        call_id=call.id,
+        tool=call.name,
+        arguments=call.as_written,
+        untrusted=untrusted,
+        at=at,
+    )
+    return StoredApproval(request, at + timedelta(seconds=timeout_s))
+
+
+@dataclass(frozen=True)
+class ArmApprovalTimer:
+    """A Context effect: tell the Context ``ApprovalTimedOut`` after ``seconds``."""
+
+    session: str
+    call_id: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CancelApprovalTimer:
+    """A Context effect: the call was settled or dropped; its timer goes."""
+
+    session: str
+    call_id: int
+
+
+@dataclass
+class Waiting:
+    """One call waiting for a person. ``live``: its turn runs in this runtime and hears the
+    decision; otherwise the turn was cut off (a stop, a crash) and the decision resumes it."""
+
+    entry: StoredApproval
+    live: bool = True
+
+
+@dataclass
+class ApprovalBook:
+    """The calls waiting for a person now, by session and call id."""
+
+    _waiting: dict[tuple[str, int], Waiting] = field(default_factory=dict)
+
+    def add(self, entry: StoredApproval, *, live: bool = True) -> None:
+        """``entry`` waits (it is stored already)."""
+        request = entry.request
+        self._waiting[(request.session, request.call_id)] = Waiting(entry, live)
+
+    def take(self, session: str, call_id: int) -> Waiting | None:
+        """Remove and return the waiting call, or None if it is not waiting: whoever takes it
+        settles it, so of two decisions only the first finds it."""
+        return self._waiting.pop((session, call_id), None)
+
+    def of(self, session: str) -> list[Waiting]:
+        """``session``'s waiting calls, in call order."""
+        found = [w for (s, _), w in self._waiting.items() if s == session]
+        return sorted(found, key=lambda w: w.entry.request.call_id)
+
+    def waits(self, session: str) -> bool:
+        """Whether any call of ``session`` waits."""
+        return any(s == session for s, _ in self._waiting)
+
+    def pending(self) -> tuple[ApprovalRequested, ...]:
+        """Every waiting request, oldest ``at`` first."""
+        requests = [w.entry.request for w in self._waiting.values()]
+        return tuple(sorted(requests, key=lambda r: (r.at, r.session, r.call_id)))
+
+    def __len__(self) -> int:
+        return len(self._waiting)

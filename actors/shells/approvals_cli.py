@@ -1,0 +1,104 @@
+"""``loopd approvals``, ``loopd approve`` and ``loopd deny``: a person decides from a shell.
+
+They work on the store, directly, on a home no runtime holds (the CLI takes the home's lock for
+the moment it writes, so no runtime starts meanwhile): the decision is recorded with the waiting
+call, and the turn resumes at the next ``Runtime.start`` on that home. A runtime that holds the
+home is decided through (``Runtime.approve`` / ``deny``, the REPL's ``approve(...)``). A decision
+for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from actors.core.approvals import NOT_WAITING
+from actors.core.config import Config
+from actors.shells.render import approvals_table
+from actors.stores.lock import HomeLock
+from actors.stores.open import open_store
+from messages import ApprovalRefused, check_session_id
+
+__all__ = ["add_commands", "cmd_approvals", "cmd_approve", "cmd_deny"]
+
+ConfigOf = Callable[[argparse.Namespace], Config]
+
+
+def cmd_approvals(args: argparse.Namespace, config: Config) -> int:
+    """List the calls waiting for a person, oldest first, the untrusted flag shown."""
+    store = open_store(config)
+    try:
+        waiting = tuple(e.request for e in store.approvals() if e.approved is None)
+    finally:
+        store.close()
+    print(approvals_table(waiting))
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace, config: Config) -> int:
+    """Approve a waiting call in the store."""
+    return _settle(config, args.session, args.call_id, True, args.note or "")
+
+
+def cmd_deny(args: argparse.Namespace, config: Config) -> int:
+    """Decline a waiting call in the store, with a reason the model reads."""
+    return _settle(config, args.session, args.call_id, False, args.reason)
+
+
+@contextlib.contextmanager
+def _no_runtime(config: Config) -> Iterator[None]:
+    """Hold the home so no runtime starts while the CLI writes (``HomeInUse`` if one runs)."""
+    if config.store.url is not None:  # a shared store: each write is atomic by itself
+        yield
+        return
+    config.home_path.mkdir(parents=True, exist_ok=True)
+    lock = HomeLock.acquire(config.home_path)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _settle(config: Config, session: str, call_id: int, approved: bool, reason: str) -> int:
+    check_session_id(session)
+    with _no_runtime(config):
+        store = open_store(config)
+        try:
+            done = store.settle_approval(session, call_id, approved, reason)
+        finally:
+            store.close()
+    if not done:
+        detail = NOT_WAITING.format(call_id=call_id, session=session)
+        print(ApprovalRefused(session, call_id, detail).detail)
+        return 1
+    word = "approved" if approved else "declined"
+    print(f"call {call_id} of session {session} {word}; its turn resumes at the next start")
+    return 0
+
+
+def add_commands(
+    sub: Any, common: Callable[[argparse.ArgumentParser], None], config_of: ConfigOf
+) -> None:
+    """Add the three commands to the ``loopd`` parser's subcommands ``sub``."""
+
+    def runs(fn: Callable[[argparse.Namespace, Config], int]) -> Callable[..., int]:
+        return lambda args: fn(args, config_of(args))
+
+    listing = sub.add_parser("approvals", help="the calls waiting for a person's decision")
+    common(listing)
+    listing.set_defaults(fn=runs(cmd_approvals))
+    for name, fn, what in (
+        ("approve", cmd_approve, "say yes to a waiting call"),
+        ("deny", cmd_deny, "say no to a waiting call"),
+    ):
+        p = sub.add_parser(name, help=what + " (on a home no runtime holds)")
+        common(p)
+        p.add_argument("session", help="the session whose call waits")
+        p.add_argument("call_id", type=int, help="the call's id")
+        if name == "approve":
+            p.add_argument("--note", help="a note kept with the decision")
+        else:
+            p.add_argument("--reason", required=True, help="why; the model reads it")
+        p.set_defaults(fn=runs(fn))

@@ -1,0 +1,89 @@
+"""The approvals table of both SQL stores: the calls waiting for a person (schema 4).
+
+A call that waits is stored before anyone is told of it (:meth:`ApprovalRows.add_approval_in`),
+so a stop or a crash loses no request: the next ``Runtime.start`` reads them all back
+(:meth:`ApprovalRows.approvals`). A decision recorded here (:meth:`ApprovalRows.settle_approval`,
+what the CLI does on a home no runtime holds) is applied once: the row is updated only while it
+is undecided, inside a writing transaction, so of two decisions at once exactly one succeeds.
+A row goes once its call's result is stored (:meth:`ApprovalRows.drop_approvals_in`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import msgspec
+
+from actors.stores.dialect import Dialect
+from messages import StoredApproval
+
+__all__ = ["ApprovalRows"]
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(StoredApproval)
+
+
+def _time(entry: StoredApproval) -> tuple[str, str]:
+    return entry.request.at.isoformat(), entry.deadline.isoformat()
+
+
+class ApprovalRows:
+    """The approval methods of :class:`~actors.stores.sql.SqlSessionStore` (a mixin)."""
+
+    dialect: Dialect
+
+    def _transaction(
+        self, session: str, action: str, *, write: bool
+    ) -> AbstractContextManager[Any]:  # provided by SqlSessionStore
+        raise NotImplementedError
+
+    def add_approval_in(self, cur: Any, entry: StoredApproval) -> None:
+        """Store ``entry``, a call that waits (a second store of the same call keeps the first)."""
+        request = entry.request
+        at, deadline = _time(entry)
+        body = _ENCODER.encode(entry)
+        cur.execute(self.dialect.q.approval, (request.session, request.call_id, body, at, deadline))
+
+    def settle_approval_in(
+        self, cur: Any, session: str, call_id: int, approved: bool, reason: str = ""
+    ) -> bool:
+        """Record a decision for a call that waits; False if it is not waiting (unknown, or
+        decided already)."""
+        q = self.dialect.q
+        row = cur.execute(q.approval_body, (session, call_id)).fetchone()
+        if row is None:
+            return False
+        entry = msgspec.structs.replace(
+            _DECODER.decode(bytes(row[0])), approved=approved, reason=reason
+        )
+        cur.execute(q.settle, (_ENCODER.encode(entry), session, call_id))
+        return bool(cur.rowcount == 1)
+
+    def settle_approval(self, session: str, call_id: int, approved: bool, reason: str = "") -> bool:
+        """:meth:`settle_approval_in` in a transaction of its own."""
+        with self._transaction(session, "settle an approval", write=True) as cur:
+            done: bool = self.settle_approval_in(cur, session, call_id, approved, reason)
+            return done
+
+    def drop_approvals_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
+        """Forget ``session``'s rows for ``call_ids`` (answered, or cancelled)."""
+        for call_id in call_ids:
+            cur.execute(self.dialect.q.drop_approval, (session, call_id))
+
+    def drop_approvals(self, session: str, call_ids: Sequence[int]) -> None:
+        """:meth:`drop_approvals_in` in a transaction of its own."""
+        with self._transaction(session, "drop approvals", write=True) as cur:
+            self.drop_approvals_in(cur, session, call_ids)
+
+    def approvals(self) -> list[StoredApproval]:
+        """Every stored approval, decided or not, oldest first."""
+        with self._transaction("-", "list approvals", write=False) as cur:
+            rows = cur.execute(self.dialect.q.approvals).fetchall()
+        return list(_entries(rows))
+
+
+def _entries(rows: Sequence[Any]) -> Iterator[StoredApproval]:
+    for (body,) in rows:
+        yield _DECODER.decode(bytes(body))

@@ -1,0 +1,141 @@
+"""Approvals: a person decides a tool call (the requests users send, and the runtime's own).
+
+``ApproveCall`` / ``DenyCall`` are told to the Context by whoever decides (``Runtime.approve``,
+the CLI, the REPL); a decision for a call that is not waiting is answered ``ApprovalRefused``.
+The rest travel inside the runtime: the Context tells the session its ``ApprovalDecision``,
+the store keeps each waiting call as a ``StoredApproval`` (``StoreApproval``,
+``SettleApproval``, ``DropApprovals``), and ``Resume`` continues a turn cut off while it
+waited.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from messages.base import Message
+from messages.events import ApprovalRequested
+from messages.ids import CallId, SessionId
+
+__all__ = [
+    "ApprovalDecision",
+    "ApprovalRefused",
+    "ApprovalTimedOut",
+    "ApproveCall",
+    "DenyCall",
+    "DropApprovals",
+    "ListApprovals",
+    "Park",
+    "Parked",
+    "Resume",
+    "SettleApproval",
+    "StoreApproval",
+    "StoredApproval",
+]
+
+
+class ApproveCall(Message, frozen=True):
+    """A person says yes to ``session``'s waiting call ``call_id``; ``note`` is kept with the
+    decision. The answer (``ApprovalSettled`` or ``ApprovalRefused``) goes to ``reply_to``."""
+
+    session: SessionId
+    call_id: CallId
+    note: str | None = None
+    reply_to: str | None = None
+
+
+class DenyCall(Message, frozen=True):
+    """A person says no to ``session``'s waiting call ``call_id``: the model reads
+    ``Denied: a person declined this call: <reason>.``"""
+
+    session: SessionId
+    call_id: CallId
+    reason: str
+    reply_to: str | None = None
+
+
+class ApprovalRefused(Message, frozen=True):
+    """A decision that changed nothing: ``session``'s call ``call_id`` is not waiting (it never
+    was, or it was settled already); ``detail`` says which."""
+
+    session: SessionId
+    call_id: CallId
+    detail: str
+
+
+class ApprovalDecision(Message, frozen=True):
+    """The Context tells a session how its waiting call ``call_id`` was settled: ``approved``,
+    or declined for ``reason``."""
+
+    call_id: CallId
+    approved: bool
+    reason: str = ""
+
+
+class ApprovalTimedOut(Message, frozen=True):
+    """The Context's own timer: ``session``'s call ``call_id`` outlived ``approvals.timeout_s``."""
+
+    session: SessionId
+    call_id: CallId
+
+
+class StoredApproval(Message, frozen=True):
+    """A waiting call as the store keeps it: the request, its deadline, and, once decided (the
+    CLI on a home no runtime holds), the decision the next ``Runtime.start`` carries out."""
+
+    request: ApprovalRequested
+    deadline: datetime
+    approved: bool | None = None
+    reason: str = ""
+
+
+class StoreApproval(Message, frozen=True):
+    """Store a waiting call; answered ``Appended`` with ``request_id`` at ``reply_to``."""
+
+    session: SessionId
+    request_id: int
+    approval: StoredApproval
+    reply_to: str
+
+
+class SettleApproval(Message, frozen=True):
+    """Record the decision of ``session``'s waiting call ``call_id`` (no answer)."""
+
+    session: SessionId
+    call_id: CallId
+    approved: bool
+    reason: str = ""
+
+
+class DropApprovals(Message, frozen=True):
+    """Forget ``session``'s stored calls ``call_ids`` (answered, or cancelled; no answer)."""
+
+    session: SessionId
+    call_ids: tuple[CallId, ...]
+
+
+class ListApprovals(Message, frozen=True):
+    """Asked of the store: every stored approval, oldest first."""
+
+
+class Resume(Message, frozen=True):
+    """Continue the turn the stored transcript cut off (its last answer has calls without
+    results): ``decisions`` settle waiting calls, ``waiting`` are still waiting for a person;
+    any other call without a result is answered as interrupted."""
+
+    decisions: tuple[ApprovalDecision, ...] = ()
+    waiting: tuple[CallId, ...] = ()
+
+
+class Park(Message, frozen=True):
+    """The Context asks a session whose calls wait for a person to stop its turn for now (to
+    passivate it): the turn stores the results it has and ends unpublished, answered
+    ``Parked``; a decision later resumes it from the store."""
+
+
+class Parked(Message, frozen=True):
+    """A session's answer to ``Park``: ``parked``, or not (its turn is still doing other work,
+    or no longer waits); ``incarnation`` names the actor that answers."""
+
+    session: SessionId
+    incarnation: int
+    parked: bool

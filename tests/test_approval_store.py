@@ -1,0 +1,101 @@
+"""The approvals table (SPEC 11): stored waiting calls, one decision each, on either backend
+(PostgreSQL with LOOPD_CLUSTER_TESTS=1), and the SQLite migration from schema 3."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.stores.sqlite import SessionStore
+from messages import ApprovalRequested, StoredApproval
+
+BACKENDS = ["sqlite", *(["postgresql"] if os.environ.get("LOOPD_CLUSTER_TESTS") == "1" else [])]
+AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def entry(session: str, call_id: int, minutes: int = 0) -> StoredApproval:
+    at = AT + timedelta(minutes=minutes)
+    request = ApprovalRequested(
+        session=session, call_id=call_id, tool="deploy", arguments="{}", untrusted=True, at=at
+    )
+    return StoredApproval(request, at + timedelta(days=7))
+
+
+@pytest.fixture(params=BACKENDS)
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "sqlite":
+        return lambda: SessionStore(tmp_path / "loopd.db")
+    from actors.stores.postgres import PgSessionStore
+
+    url = request.getfixturevalue("pg_database")()
+    return lambda: PgSessionStore(url)
+
+
+def test_stored_approvals_come_back_oldest_first_and_are_dropped(opener: Any) -> None:
+    with opener() as store:
+        store.run_batch([("b", lambda cur: store.add_approval_in(cur, entry("b", 4, 5)))])
+        store.run_batch([("a", lambda cur: store.add_approval_in(cur, entry("a", 2, 1)))])
+    with opener() as store:  # another connection, as the next start's
+        assert store.approvals() == [entry("a", 2, 1), entry("b", 4, 5)]
+        store.drop_approvals("a", [2])
+        assert store.approvals() == [entry("b", 4, 5)]
+
+
+def test_of_two_decisions_at_once_exactly_one_is_recorded(opener: Any) -> None:
+    with opener() as store:
+        store.run_batch([("s", lambda cur: store.add_approval_in(cur, entry("s", 1)))])
+    results: list[bool] = []
+    start = threading.Barrier(2)
+
+    def decide(approved: bool) -> None:
+        with opener() as store:
+            start.wait(5)
+            results.append(store.settle_approval("s", 1, approved, "" if approved else "no"))
+
+    threads = [threading.Thread(target=decide, args=(a,)) for a in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(results) == [False, True]
+    with opener() as store:
+        (stored,) = store.approvals()
+        assert stored.approved is not None
+        assert store.settle_approval("s", 1, True) is False  # decided: refused
+        assert store.settle_approval("s", 9, True) is False  # never waited
+
+
+V3_TABLES = """
+CREATE TABLE baselines (hash TEXT PRIMARY KEY NOT NULL, body BLOB NOT NULL);
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY NOT NULL, baseline TEXT NOT NULL REFERENCES baselines(hash),
+    parent TEXT, slot INTEGER NOT NULL, turns INTEGER NOT NULL DEFAULT 0,
+    next_call_id INTEGER NOT NULL DEFAULT 1, untrusted INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, agent TEXT NOT NULL DEFAULT 'default');
+CREATE TABLE messages (
+    session TEXT NOT NULL REFERENCES sessions(id), seq INTEGER NOT NULL, body BLOB NOT NULL,
+    compacted INTEGER NOT NULL DEFAULT 0, at TEXT NOT NULL, PRIMARY KEY (session, seq));
+PRAGMA user_version = 3;
+"""
+
+
+def test_a_version_3_store_gains_the_approvals_table(tmp_path: Path) -> None:
+    path = tmp_path / "loopd.db"
+    raw = sqlite3.connect(path)
+    raw.executescript(V3_TABLES)
+    raw.close()
+    with SessionStore(path) as store:
+        assert store.approvals() == []
+        store.run_batch([("s", lambda cur: store.add_approval_in(cur, entry("s", 1)))])
+        assert store.approvals() == [entry("s", 1)]
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone() == (4,)
+    finally:
+        raw.close()
