@@ -68,7 +68,7 @@ __all__ = ["Runtime", "check_outcome", "check_turn", "resolve_config", "turn_tim
 
 log = logging.getLogger(__name__)
 
-_LIBRARY_LOGGERS = ("httpx", "httpcore")
+_LIBRARY_LOGGERS = ("httpx", "httpcore", "aiohttp")
 """Loggers of the libraries loopd drives whose texts may carry a credential (a URL's)."""
 
 
