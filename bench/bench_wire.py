@@ -393,6 +393,11 @@ def main() -> None:
     ):
         seq = sequential(base_url, Path(disk), Path(shm), rounds)
         (plain,) = last_bodies(base_url, 1)
+        # The direct clients' 256 at once leave id_slot out (all would name slot 0), so the
+        # server's count of requests on a busy slot is loopd's alone.
+        unslotted = json.loads(plain)
+        unslotted.pop("id_slot", None)
+        plain = json.dumps(unslotted).encode()
         many = asyncio.run(concurrent(base_url, plain, Path(shm), max(3, rounds // 2)))
         ours, theirs = first_delta(base_url, Path(shm), rounds)
         pipe.send("stop")
@@ -444,7 +449,10 @@ def main() -> None:
     print("| --- | --- | --- |")
     for name, figure in many["seq"].items():
         print(f"| {name} | {figure.ms()} | {rate(rates[name])} |")
-    print(f"server: {requests} requests, at most {most} in flight, {overlaps} on a busy slot")
+    print(
+        f"server: {requests} requests, at most {most} in flight, {overlaps} on a busy slot "
+        "(loopd's requests only name slots)"
+    )
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ store's), for example::
     py-spy record --format raw -o turns.txt -- python bench/profile_wire.py --kind plain
     python bench/profile_wire.py --top turns.txt
 
-``--kind plain|child|wide`` picks the turn (``wide``: 256 at once through AsyncRuntime), ``--seconds`` how long to run them (new sessions each
-turn, a home on tmpfs, bench/fake_llama.py in a process of its own). ``--top FILE`` reads
-py-spy's raw (collapsed) output and prints the functions with the most samples: by themselves
+``--kind plain|child|wide`` picks the turns (``wide``: 256 at once through AsyncRuntime),
+``--seconds`` how long to run them (new sessions each turn, a home on tmpfs,
+bench/fake_llama.py in a process of its own). ``--top FILE`` reads py-spy's raw (collapsed)
+output and prints the files and functions with the most samples: by themselves
 (self) and with what they call (total), loopd's own code marked.
 """
 
