@@ -51,7 +51,7 @@ from actors import Config, ModelConfig, Runtime, SlotsConfig
 from actors.aio import AsyncRuntime
 from actors.models.http import HttpChatModel
 from actors.testing.script import Answer, calls, reply
-from messages import ChatMessage, ModelRequest, TextDelta, TurnCompleted, TurnEvent
+from messages import ChatMessage, ModelRequest, RequestOptions, TextDelta, TurnCompleted, TurnEvent
 
 BLOCK = 20
 WIDE = 256
@@ -222,8 +222,8 @@ def sequential(base_url: str, disk: Path, shm: Path, rounds: int) -> dict[str, F
 
 
 def model_request(number: int, stream: bool = False) -> ModelRequest:
-    from messages import RequestOptions
-
+    """A plain request for the model client alone; as the direct clients' 256 at once, it
+    names no slot (the ``openai`` backend's body)."""
     return ModelRequest(
         session=f"b{number}",
         request_id=number,
@@ -231,7 +231,7 @@ def model_request(number: int, stream: bool = False) -> ModelRequest:
         messages=(ChatMessage("system", "You are terse."), ChatMessage("user", "hi")),
         tools=(),
         reply_to="nobody",
-        options=RequestOptions(stream=stream),
+        options=RequestOptions(stream=stream, backend="openai"),
     )
 
 

@@ -260,6 +260,24 @@ def test_https_speaks_tls_to_a_server_it_trusts(
     run(main())
 
 
+def test_https_trusts_the_authorities_ssl_cert_file_names(
+    authority: trustme.CA, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(bundle))
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+
+    async def main() -> None:
+        async with serving(keep_answering, tls=server_tls(authority)) as (port, _):
+            model = client(f"https://localhost:{port}/v1")
+            try:
+                assert (await model.acomplete(request())).content == "on 1"
+            finally:
+                await model.aclose()
+
+    run(main())
+
+
 def test_https_refuses_a_certificate_it_cannot_check(authority: trustme.CA) -> None:
     async def main() -> None:
         async with serving(keep_answering, tls=server_tls(authority)) as (port, seen):

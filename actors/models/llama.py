@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import ssl
 import threading
 from dataclasses import dataclass
@@ -65,15 +66,28 @@ class _TooLarge(Exception):
     pass
 
 
-@functools.cache
 def tls_context() -> ssl.SSLContext:
-    """The TLS context of every ``https://`` connection to a model server: the system's
-    defaults on certifi's CA bundle where it is installed (as httpx did), else the system's."""
-    try:
-        import certifi
-    except ImportError:  # pragma: no cover - certifi comes with httpx
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=certifi.where())
+    """The TLS context of ``https://`` connections to a model server: the system's defaults,
+    trusting ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when they name a file / folder, else
+    certifi's CA bundle where it is installed (as httpx did), else the system's store."""
+    cafile = os.environ.get("SSL_CERT_FILE") or None
+    capath = os.environ.get("SSL_CERT_DIR") or None
+    return _tls_context(
+        cafile if cafile and os.path.isfile(cafile) else None,
+        capath if capath and os.path.isdir(capath) else None,
+    )
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    # One per trust setting: each costs a read of the CA bundle (~0.1 s).
+    if cafile is None and capath is None:
+        try:
+            import certifi
+        except ImportError:  # pragma: no cover - certifi comes with httpx
+            return ssl.create_default_context()
+        cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
 async def _get(url: str, headers: dict[str, str], cap: int) -> tuple[int, bytes]:
