@@ -290,3 +290,31 @@ def test_https_refuses_a_certificate_it_cannot_check(authority: trustme.CA) -> N
         assert seen.requests == []
 
     run(main())
+
+
+def test_credentials_in_the_url_are_not_sent() -> None:
+    heads: list[bytes] = []
+
+    async def keep_heads(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen, number: int
+    ) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head.lower())
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                await reader.readexactly(int(line.split(b":")[1]))
+        writer.write(answer("ok"))
+        await writer.drain()
+
+    async def main() -> None:
+        async with serving(keep_heads) as (port, _):
+            model = client(f"http://ann:hunter2@127.0.0.1:{port}/v1")
+            try:
+                assert (await model.acomplete(request())).content == "ok"
+            finally:
+                await model.aclose()
+
+    run(main())
+    (head,) = heads
+    assert head.startswith(b"post /v1/chat/completions http/1.1\r\n")
+    assert b"authorization" not in head and b"hunter2" not in head
