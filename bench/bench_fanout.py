@@ -150,7 +150,7 @@ def run_width(home: Path, base_url: str, width: int, rounds: int) -> tuple[float
             start = time.perf_counter()
             outcome = rt.run_turn(f"fan{width}-{i}", f"spawn {width}", timeout=300)
             took = time.perf_counter() - start
-            assert outcome == TurnCompleted(f"fan{width}-{i}", "all done"), outcome
+            assert isinstance(outcome, TurnCompleted) and outcome.content == "all done", outcome
             if i:
                 turns.append(took)
                 spans.append(span.seconds())

@@ -8,7 +8,11 @@ measured (a GIL shared by 512 polling threads). llama-server is C++ on an event 
 connections alive; this server does the same in one asyncio loop, so a request waiting for its
 answer costs a timer and nothing else. It serves ``POST /v1/chat/completions`` only, answers
 from a script function of the request body (like ChatServer's), and counts requests, the most
-in flight at once and requests that arrived for an ``id_slot`` already in flight.
+in flight at once and requests that arrived for an ``id_slot`` already in flight. A request with
+``"stream": true`` is answered with server-sent events in chunked encoding (the first text piece
+at once, the rest after :data:`STREAM_GAP_S`), as llama-server streams. ``GET /v1/last`` gives
+the bodies of the last :data:`KEPT` requests (a JSON list), so a bench can send the very
+requests loopd sent with a client of its own.
 
 Run it in a process of its own (:func:`serve`), as a real server would be.
 """
@@ -24,7 +28,13 @@ from typing import Any
 
 from actors.testing.script import Answer
 
-__all__ = ["Stats", "serve"]
+__all__ = ["KEPT", "STREAM_GAP_S", "Stats", "serve"]
+
+KEPT = 8
+"""How many of the last request bodies ``GET /v1/last`` gives."""
+
+STREAM_GAP_S = 0.002
+"""The wait between a streamed answer's first piece and the rest."""
 
 Script = Callable[[dict[str, Any]], tuple[Answer, float]]
 """Gets a request body; returns the answer and the seconds to wait before sending it."""
@@ -40,6 +50,7 @@ class Stats:
     overlaps: int = 0
     busy_slots: set[int] = field(default_factory=set)
     calls: int = 0
+    last: list[bytes] = field(default_factory=list)
 
 
 def _completion(answer: Answer, model: str, number: int, stats: Stats) -> bytes:
@@ -74,10 +85,40 @@ def _response(status: str, body: bytes, close: bool) -> bytes:
     return head.encode() + body
 
 
-async def _answer(script: Script, stats: Stats, path: str, raw: bytes) -> bytes:
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _events(answer: Answer, model: str, number: int) -> tuple[bytes, bytes]:
+    """The stream of a text answer: its head with the first piece, and the rest."""
+    text = answer.content or ""
+    half = max(1, len(text) // 2)
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {
+            "id": f"chatcmpl-{number}",
+            "object": "chat.completion.chunk",
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+    )
+    first = head + _chunk(event({"role": "assistant", "content": text[:half]}))
+    rest = event({"content": text[half:]}) + event({}, "stop") + b"data: [DONE]\n\n"
+    return first, _chunk(rest) + b"0\r\n\r\n"
+
+
+async def _answer(
+    script: Script, stats: Stats, path: str, raw: bytes, writer: asyncio.StreamWriter
+) -> bytes:
     if path != "/v1/chat/completions":
         return b'{"error": {"message": "no such path"}}'
     body = json.loads(raw)
+    stats.last = [*stats.last[-(KEPT - 1) :], raw]
     stats.requests += 1
     number = stats.requests
     slot = body.get("id_slot")
@@ -90,6 +131,13 @@ async def _answer(script: Script, stats: Stats, path: str, raw: bytes) -> bytes:
     try:
         answer, delay = script(body)
         await asyncio.sleep(delay)
+        if body.get("stream"):
+            first, rest = _events(answer, str(body.get("model", "")), number)
+            writer.write(first)
+            await writer.drain()
+            await asyncio.sleep(STREAM_GAP_S)
+            writer.write(rest)
+            return b""
         return _completion(answer, str(body.get("model", "")), number, stats)
     finally:
         stats.in_flight -= 1
@@ -112,11 +160,15 @@ async def _connection(
                     headers[name.strip().lower()] = value.strip()
             raw = await reader.readexactly(int(headers.get("content-length", "0")))
             close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
-            if method != "POST":
+            if method == "GET" and path == "/v1/last":
+                kept = b"[" + b",".join(stats.last) + b"]"
+                writer.write(_response("200 OK", kept, close))
+            elif method != "POST":
                 writer.write(_response("404 Not Found", b"{}", close))
             else:
-                body = await _answer(script, stats, path, raw)
-                writer.write(_response("200 OK", body, close))
+                body = await _answer(script, stats, path, raw, writer)
+                if body:  # a streamed answer was written already
+                    writer.write(_response("200 OK", body, close))
             await writer.drain()
             if close:
                 break

@@ -10,16 +10,19 @@ much, just leaves the context size unknown. Either read has a deadline for the w
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import msgspec
+import yarl
 
 from actors.core.config import ModelConfig
 from actors.models.base import ModelFailure
-from actors.models.netbackend import plain_transport
 
 __all__ = [
     "PROPS_DEADLINE_S",
@@ -30,6 +33,7 @@ __all__ = [
     "props_url",
     "read_props",
     "read_total_slots",
+    "tls_context",
 ]
 
 PROPS_DEADLINE_S = 3.0
@@ -62,25 +66,55 @@ class _TooLarge(Exception):
     pass
 
 
+def tls_context() -> ssl.SSLContext:
+    """The TLS context of ``https://`` connections to a model server: the system's defaults,
+    trusting ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when they name a file / folder, else
+    certifi's CA bundle where it is installed (as httpx did), else the system's store."""
+    cafile = os.environ.get("SSL_CERT_FILE") or None
+    capath = os.environ.get("SSL_CERT_DIR") or None
+    return _tls_context(
+        cafile if cafile and os.path.isfile(cafile) else None,
+        capath if capath and os.path.isdir(capath) else None,
+    )
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    # One per trust setting: each costs a read of the CA bundle (~0.1 s).
+    if cafile is None and capath is None:
+        try:
+            import certifi
+        except ImportError:  # pragma: no cover - certifi comes with httpx
+            return ssl.create_default_context()
+        cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile, capath=capath)
+
+
 async def _get(url: str, headers: dict[str, str], cap: int) -> tuple[int, bytes]:
-    request = httpx.Request("GET", url, headers=headers)
-    transport = plain_transport() if request.url.scheme == "http" else httpx.AsyncHTTPTransport()
-    async with transport:
-        response = await transport.handle_async_request(request)
+    tls = tls_context() if url.startswith("https:") else True
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=tls, force_close=True),
+        timeout=aiohttp.ClientTimeout(total=None),  # the caller's deadline is for the whole answer
+        cookie_jar=aiohttp.DummyCookieJar(),
+    ) as session:
+        # Credentials in the URL are not sent (the API key is): as the model client does.
+        target = yarl.URL(url).with_user(None)
+        response = await session.get(target, headers=headers, allow_redirects=False)
         try:
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
                 raise _TooLarge
             chunks: list[bytes] = []
             size = 0
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.content.iter_any():
                 size += len(chunk)
                 if size > cap:
-                    raise _TooLarge  # stop reading: closing the response drops the connection
+                    raise _TooLarge
                 chunks.append(chunk)
         finally:
-            await response.aclose()
-    return response.status_code, b"".join(chunks)
+            # Read whole or not (too large, out of time), the connection is closed now.
+            response.close()
+    return response.status, b"".join(chunks)
 
 
 def get_small(
@@ -114,7 +148,7 @@ def get_small(
         raise ModelFailure(f"no whole answer within {deadline_s:g} s")
     if isinstance(result, _TooLarge):
         raise ModelFailure(f"the answer is larger than {cap} bytes")
-    if isinstance(result, httpx.HTTPError | OSError):
+    if isinstance(result, aiohttp.ClientError | OSError):
         raise ModelFailure(str(result) or type(result).__name__)
     if isinstance(result, BaseException):
         raise result

@@ -27,7 +27,7 @@ log = logging.getLogger("actors.runtime")
 _otel_broken = False
 """Set once OpenTelemetry failed to import: the warning is given once per process."""
 
-LIBRARY_LOGGERS = ("httpx", "httpcore")
+LIBRARY_LOGGERS = ("httpx", "httpcore", "aiohttp")
 """The libraries' loggers whose records pass through the runtime's redaction filter."""
 
 
