@@ -93,12 +93,13 @@ def serve(
 
     A stop signal while it stops only sets ``stop`` again. At the end the previous handlers are
     put back; with ``restore_signals=False`` (``loopd serve``, whose process ends next) the stop
-    signals are ignored instead, so one that comes while the process exits cannot kill it with
-    the default action after the clean stop (Python puts the default back as it finalises a
-    handler of its own, so keeping ours would not do).
+    signals are ignored instead after a clean stop (a failed start puts them back), so one that
+    comes while the process exits cannot kill it with the default action (Python puts the
+    default back as it finalises a handler of its own, so keeping ours would not do).
     """
     settings = service_settings(config, listen)
     service: Any = None
+    stopped = False  # a clean stop: only then may the process's last moments ignore signals
     stop = stop or threading.Event()
     writer = _LineWriter(out or sys.stdout)
     previous: dict[signal.Signals, Any] = {}
@@ -130,9 +131,13 @@ def serve(
         if service is not None:  # the runtime has stopped: what is still in flight is answered
             service.close()
         print("loopd serve: stopped", file=sys.stderr, flush=True)
+        stopped = True
     finally:
         if service is not None:
             service.close()
         for sig, handler in previous.items():
-            signal.signal(sig, handler if restore_signals else signal.SIG_IGN)
+            # A start that failed puts the handlers back: an embedder (or a test) that called
+            # main() goes on, and an ignored SIGTERM would be inherited by every child process.
+            ignore = stopped and not restore_signals
+            signal.signal(sig, signal.SIG_IGN if ignore else handler)
     return 0

@@ -21,6 +21,7 @@ import pytest
 from actors import Config
 from actors.core.config import ConfigError, ServeConfig
 from actors.shells.cli import main
+from actors.shells.serve import STOP_SIGNALS
 from actors.shells.service.settings import service_settings
 from actors.testing import ChatServer, reply
 from actors.testing.chat_server import Delayed
@@ -186,8 +187,12 @@ def test_loopd_serve_on_a_taken_port_exits_2_naming_it(tmp_path: Path, capsys) -
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         code = main(["serve", "--home", str(tmp_path / "home"), "--listen", f"127.0.0.1:{port}"])
     assert code == 2
+    # A failed start leaves the process's signal handlers as they were: an ignored SIGTERM would
+    # be inherited by every process it starts next.
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == handlers
     err = capsys.readouterr().err
     assert f"loopd: cannot listen on 127.0.0.1:{port}: Address already in use" in err
     assert "docs/runbook.md#serve-cannot-listen" in err and "Traceback" not in err
