@@ -1,6 +1,6 @@
 """The turn against a bounded model: context in tokens, cut-off answers, unparseable arguments.
 
-Driven input by input, without threads, like tests/test_turn.py.
+Driven input by input, without threads, like tests/core/test_turn.py.
 """
 
 from __future__ import annotations
