@@ -35,6 +35,8 @@ from messages import (
     ApprovalSettled,
     CancelTurn,
     Inspect,
+    McpServerDown,
+    McpServerUp,
     SubagentStarted,
     TurnEvent,
     TurnOutcome,
@@ -245,6 +247,11 @@ class AsyncRuntime:
         """Cancel ``session``'s running turn and its children; the ids that were cancelled."""
         check_session_id(session)
         return await asyncio.to_thread(self.runtime.cancel, session, timeout)
+
+    def mcp_servers(self) -> dict[str, McpServerUp | McpServerDown]:
+        """Each ``[mcp.NAME]`` server's last ``McpServerUp`` or ``McpServerDown`` event
+        (:meth:`Runtime.mcp_servers`: a read of what the runtime holds, it never blocks)."""
+        return self.runtime.mcp_servers()
 
     async def live(self, timeout: float = 10.0) -> tuple[str, ...]:
         """The ids of the sessions whose actor is live now (:meth:`Runtime.live`)."""

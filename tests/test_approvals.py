@@ -521,3 +521,26 @@ def test_at_a_stop_a_childs_wait_ends_with_its_parents_turn(loopd_runtime) -> No
     tools = [m.content for m in rt_history(again, "s") if m.role == "tool"]
     assert tools == ["sub-s-1 failed"]
     assert ran == []
+
+
+def call_tool_script(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return calls(("call_tool", {"name": "deploy", "arguments": {"env": "prod"}}))
+    return reply(tool_texts(request))
+
+
+def test_a_tool_reached_through_call_tool_waits_as_if_called_directly(loopd_runtime) -> None:
+    # call_tool dispatches its inner call with the same checks: wrapping a tool that needs a
+    # person in it must not skip the person.
+    ran.clear()
+    rt = loopd_runtime(call_tool_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    request = events.wait(requested())
+    assert (request.call_id, request.tool) == (1, "deploy")
+    assert ran == []
+    assert isinstance(rt.deny("s", 1, "not today"), ApprovalSettled)
+    assert events.wait(ended()).completed
+    tools = [m for m in rt_history(rt, "s") if m.role == "tool"]
+    assert tools[0].content == "Denied: a person declined this call: not today."
+    assert ran == []

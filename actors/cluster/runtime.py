@@ -60,7 +60,7 @@ def _ray() -> Any:
         import ray
     except ImportError as exc:
         raise ShardStartError(
-            f"[cluster] engine = 'ray' needs Ray ({exc}): pip install 'loopd[ray]'"
+            f"[cluster] engine = 'ray' needs Ray ({exc}): pip install '.[ray]' in loopd's checkout"
         ) from exc
     return ray
 

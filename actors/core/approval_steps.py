@@ -91,8 +91,13 @@ class Turn(Protocol):
     def _maybe_continue(self) -> list[Effect]: ...
 
 
-def run_or_wait(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
-    """``work`` (a call that passed every check) now, or held until a person decides."""
+def run_or_wait(
+    turn: Turn, call: ToolCall, work: list[Effect], tool: str | None = None
+) -> list[Effect]:
+    """``work`` (a call that passed every check) now, or held until a person decides.
+
+    ``tool`` is the tool the call routes to (what ``call_tool`` unwraps to): a call waits when
+    its own name or that tool needs a person, so wrapping a tool in ``call_tool`` asks too."""
     wait = turn.wait
     decision = wait.decided.pop(call.id, None)
     if decision is not None:
@@ -104,10 +109,11 @@ def run_or_wait(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
         wait.held[call.id] = work
         return []
     policy = turn.approvals
-    if policy is None or not policy.needs(call.name):
+    routed = tool or call.name
+    if policy is None or not (policy.needs(call.name) or policy.needs(routed)):
         return work
     entry = stored_approval(
-        turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s
+        turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s, routed
     )
     request_id = next(turn.ids)
     wait.held[call.id] = work

@@ -86,13 +86,19 @@ def approval_policies(config: Config, marked: Iterable[str] = ()) -> dict[str, A
 
 
 def stored_approval(
-    session: str, call: ToolCall, untrusted: bool, at: datetime, timeout_s: float
+    session: str,
+    call: ToolCall,
+    untrusted: bool,
+    at: datetime,
+    timeout_s: float,
+    tool: str | None = None,
 ) -> StoredApproval:
-    """The record of ``call`` waiting from ``at``, with its deadline."""
+    """The record of ``call`` waiting from ``at``, with its deadline; ``tool`` is the tool it
+    runs (``call_tool``'s inner one), ``call.name`` if not given."""
     request = ApprovalRequested(
         session=session,
         call_id=call.id,
-        tool=call.name,
+        tool=tool or call.name,
         arguments=call.as_written,
         untrusted=untrusted,
         at=at,

@@ -325,11 +325,6 @@ class BackgroundSpawns:
             effects += self._tell_live(hold, report)
         return effects
 
-    def _turn_over(self, hold: Hold, delivered: tuple[str, ...]) -> None:
-        """``hold``'s turn stored ``delivered``; what else it was told waits again."""
-        self.background.delivered(delivered)
-        self.background.returned(hold)
-
     # The next start.
 
     def load_background(self) -> Effects:

@@ -118,6 +118,7 @@ def check_backend(value: str, key: str) -> None:
 
 
 def check_path_text(value: str, key: str) -> None:
+    """``ConfigError`` naming ``key`` for a path that is empty or holds a NUL character."""
     if not value:
         raise ConfigError(f"{key} must not be empty")
     if "\x00" in value:
@@ -180,6 +181,7 @@ def _field_types(cls: type[Section]) -> tuple[tuple[str, Any], ...]:
 
 
 def check_top_level(session: str, key: str) -> None:
+    """``ConfigError`` naming ``key`` unless ``session`` is a valid top-level session id."""
     try:
         check_top_level_session(session)
     except ValueError as exc:

@@ -38,6 +38,8 @@ from actors.core import approval_steps, output_steps
 from actors.core.approval_steps import ApprovalWait
 from actors.core.approvals import ApprovalPolicy
 from actors.core.dispatch import (
+    REMEMBER,
+    SUBAGENT,
     Answered,
     Registry,
     Remember,
@@ -529,12 +531,12 @@ class Turn:
             # A call that passed every check runs now, or waits for a person.
             if isinstance(route, ToPort):
                 work: list[Effect] = [CallPort(call.id, route.name, route.arguments)]
-                effects += approval_steps.run_or_wait(self, call, work)
+                effects += approval_steps.run_or_wait(self, call, work, route.name)
                 continue
             if isinstance(route, Remember):
                 if not self.state.untrusted or self.limits.untrusted_may_remember:
                     work = [WriteMemory(call.id, route.text)]
-                    effects += approval_steps.run_or_wait(self, call, work)
+                    effects += approval_steps.run_or_wait(self, call, work, REMEMBER)
                     continue
                 detail = "it may not write to memory (memory.allow_untrusted_writes is false)"
                 route = Answered(denial_message(DenyReason.UNTRUSTED, detail), True)
@@ -543,7 +545,7 @@ class Turn:
                 child = spawn_check(self.state.id, call.id, route, spawned, self.limits)
                 if isinstance(child, str):
                     work = [Spawn(call.id, child, route.task, route.agent, route.background)]
-                    effects += approval_steps.run_or_wait(self, call, work)
+                    effects += approval_steps.run_or_wait(self, call, work, SUBAGENT)
                     continue
                 route = child
             self._results[call.id] = ToolResult(call.id, route.text, denied=route.denied)

@@ -538,6 +538,7 @@ class Runtime:
     def pending_approvals(self, timeout: float = 10.0) -> tuple[ApprovalRequested, ...]:
         """The calls waiting for a person's decision, oldest ``at`` first."""
         self._check_open()
+        check_wait(timeout, "timeout")
         return tuple(self.context.ask(ListApprovals(), timeout=timeout))
 
     def approve(
@@ -557,6 +558,7 @@ class Runtime:
     def _decide(
         self, decision: ApproveCall | DenyCall, timeout: float
     ) -> ApprovalSettled | ApprovalRefused:
+        check_session_id(decision.session)  # before anything is told: a clear ValueError
         check_wait(timeout, "timeout")
         address = self.directory.unique("waiter")
         waiter = _Waiter()

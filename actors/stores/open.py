@@ -25,7 +25,7 @@ def open_store(config: Config) -> StoreBackend:
             raise StoreError(
                 None,
                 f"[store] url names PostgreSQL but psycopg is missing ({exc}): "
-                "pip install 'loopd[postgres]'",
+                "pip install '.[postgres]' in loopd's checkout",
             ) from exc
 
         return PgSessionStore(config.store.url, connect_timeout_s=config.store.connect_timeout_s)
