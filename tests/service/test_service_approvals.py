@@ -234,3 +234,13 @@ def test_the_approval_events_flow_in_the_event_stream_of_the_family(serve) -> No
     assert (settled.session, settled.approved) == ("sub-boss-1", True)
     ids = [int(f["id"]) for f in frames]
     assert ids == sorted(ids)
+
+
+def test_once_the_runtime_has_stopped_a_decision_or_a_listing_is_503(serve) -> None:
+    s = serve(script, tools=[deploy])
+    start_waiting(s, "ops")
+    s.rt.stop()
+    listed = s.client.get("/v1/approvals")
+    assert listed.status_code == 503 and "stopping" in listed.json()["error"]
+    response = s.client.post("/v1/approvals/ops/1", json={"approve": True})
+    assert response.status_code == 503 and "stopped" in response.json()["error"]

@@ -246,5 +246,14 @@ def test_a_waiting_call_is_approved_or_declined_from_the_page_and_its_turn_ends(
     _wait(browser, lambda b: not panel.is_displayed())
     _wait(browser, lambda b: _done_text(b) == "tool said: deployed to prod")
     assert "call 1 of ops approved" in browser.find_element(By.ID, "message").text
+
+    # A waiting family cancelled from the page: its call leaves the list (no ApprovalSettled).
+    _send(browser, "gone", "ship")
+    _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, ".approval[data-session=gone]"))
+    cancel = browser.find_element(By.ID, "cancel")
+    _wait(browser, lambda b: cancel.is_displayed())
+    cancel.click()
+    _wait(browser, lambda b: not panel.is_displayed())
+    assert len(_nodes(browser, "cancelled")) == 1
     errors = [e for e in browser.get_log("browser") if e.get("source") == "javascript"]
     assert errors == []

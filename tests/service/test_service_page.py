@@ -223,7 +223,8 @@ process.stdout.write(JSON.stringify([family.toJSON(), fresh.toJSON()]));
 
 @pytest.mark.skipif(NODE is None, reason="needs Node to run the page's approvals model")
 def test_the_pages_approvals_list_follows_the_events_and_never_relists_a_settled_call() -> None:
-    """A list read before an ApprovalSettled arrived must not bring the settled call back."""
+    """A list read before an ApprovalSettled arrived must not bring the settled call back, and
+    one read while a request arrived must not lose it."""
     script = """
 const t = require(process.argv[1]);
 const a = new t.Approvals();
@@ -238,6 +239,11 @@ out.push(a.apply({type: "ApprovalSettled", session: "b", call_id: 1, approved: t
 a.load([req("b", 1, "2026-01-01T00:00:02Z"), req("c", 1, "2026-01-01T00:00:03Z")]);
 out.push(a.list().map((r) => r.session + "/" + r.call_id));
 out.push(a.apply({type: "TurnEnded", session: "c"}));
+out.push(a.waits("c"), a.waits("b"));
+const before = Array.from(a.waiting.keys());
+a.apply(req("d", 2, "2026-01-01T00:00:04Z"));  // came while the list was on its way
+a.load([], before);  // c's call was dropped (a cancel): gone; d's stays
+out.push(a.list().map((r) => r.session + "/" + r.call_id));
 process.stdout.write(JSON.stringify(out));
 """
     done = subprocess.run(
@@ -247,4 +253,7 @@ process.stdout.write(JSON.stringify(out));
         timeout=WAIT,
         check=True,
     )
-    assert json.loads(done.stdout) == [True, True, False, ["a", "b"], True, ["c/1"], False]
+    assert json.loads(done.stdout) == [
+        *[True, True, False, ["a", "b"], True, ["c/1"], False],
+        *[True, False, ["d/2"]],
+    ]

@@ -369,7 +369,7 @@ async def get_approvals(request: Request) -> Response:
     try:
         waiting = await _state(request).runtime.pending_approvals()
     except (RuntimeError, TimeoutError) as exc:  # stopped, or the Context did not answer
-        raise _Refused(503, f"the service is stopping: {exc or 'no answer in time'}") from None
+        raise _Refused(503, f"the service is stopping: {str(exc) or 'no answer in time'}") from None
     return _json({"approvals": waiting})
 
 
@@ -414,7 +414,7 @@ async def post_decision(request: Request) -> Response:
         else:
             answer = await runtime.deny(session, call_id, body.reason or "")
     except (RuntimeError, TimeoutError) as exc:  # stopped, or the Context did not answer
-        raise _Refused(503, f"the service is stopping: {exc or 'no answer in time'}") from None
+        raise _Refused(503, f"the service is stopping: {str(exc) or 'no answer in time'}") from None
     return _json(answer, 200 if isinstance(answer, ApprovalSettled) else 409)
 
 

@@ -15,6 +15,7 @@
   let lastEventId = null;
   let renderQueued = false;
   let sessionsQueued = false;
+  let approvalsQueued = false;
   let waitingForToken = null;
   const approvals = new Approvals();
 
@@ -277,10 +278,19 @@
   }
 
   async function loadApprovals() {
+    approvalsQueued = false;
+    const before = Array.from(approvals.waiting.keys());
     const response = await api("/v1/approvals");
     if (!response.ok) return;
-    approvals.load((await response.json()).approvals);
+    approvals.load((await response.json()).approvals, before);
     drawApprovals();
+  }
+
+  function queueApprovals() {
+    if (!approvalsQueued) {
+      approvalsQueued = true;
+      setTimeout(() => loadApprovals().catch(() => {}), 300);
+    }
   }
 
   function link(state, what) {
@@ -334,6 +344,8 @@
     if (recent.length > RECENT) recent = recent.slice(-RECENT / 2);
     if (event.type === "TurnStarted" || event.type === "TurnEnded") queueSessions();
     if (approvals.apply(event)) drawApprovals();
+    // A cancel drops a waiting call without an ApprovalSettled: ask what still waits.
+    if (event.type === "TurnEnded" && approvals.waits(event.session)) queueApprovals();
     if (family && family.apply(event)) {
       queueRender();
       if (event.type === "TurnEnded") reseed(family, event.session);

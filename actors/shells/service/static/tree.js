@@ -202,10 +202,25 @@
     return session + "/" + callId;
   };
 
-  /* The list of GET /v1/approvals (its "approvals"): what it holds replaces what was known. */
-  Approvals.prototype.load = function (requests) {
-    this.waiting.clear();
-    for (const request of requests || []) this.apply(request);
+  /* The list of GET /v1/approvals (its "approvals"). ``before``: the keys known when it was
+     asked for (all known now, if not given); those it no longer holds wait no more (settled,
+     or dropped by a cancel, which publishes no ApprovalSettled). A request that came as an
+     event while the list was on its way stays. */
+  Approvals.prototype.load = function (requests, before) {
+    const listed = new Set();
+    for (const request of requests || []) {
+      listed.add(Approvals.key(request.session, request.call_id));
+      this.apply(request);
+    }
+    for (const key of before || Array.from(this.waiting.keys())) {
+      if (!listed.has(key)) this.waiting.delete(key);
+    }
+  };
+
+  /* True if a call of ``session`` is listed as waiting. */
+  Approvals.prototype.waits = function (session) {
+    for (const request of this.waiting.values()) if (request.session === session) return true;
+    return false;
   };
 
   /* Apply one event; true if the list changed. */
