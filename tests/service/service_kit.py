@@ -109,13 +109,22 @@ def ended(session: str) -> Callable[[dict[str, str]], bool]:
 
 
 def serve_fixture(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """``serve(script, **settings)``: a runtime on ``script`` served on a free port."""
+    """``serve(script, token=None, tools=None, **settings)``: a runtime on ``script`` (with the
+    port ``tools``) served on a free port."""
     homes = itertools.count()
     with contextlib.ExitStack() as stack:
 
-        def start(script: Any = demo_script, *, token: str | None = None, **options: Any) -> Served:
+        def start(
+            script: Any = demo_script,
+            *,
+            token: str | None = None,
+            tools: Any = None,
+            **options: Any,
+        ) -> Served:
             config = Config(home=str(tmp_path / f"home{next(homes)}"))
-            rt = stack.enter_context(Runtime.start(config, model=ScriptedModel(script)))
+            rt = stack.enter_context(
+                Runtime.start(config, model=ScriptedModel(script), tools=tools)
+            )
             settings = ServiceSettings("127.0.0.1", 0, token, **options)
             service = stack.enter_context(Service.start(rt, settings))
             headers = {"Authorization": f"Bearer {token}"} if token else {}

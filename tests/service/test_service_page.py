@@ -219,3 +219,41 @@ process.stdout.write(JSON.stringify([family.toJSON(), fresh.toJSON()]));
     ended, fresh = json.loads(done.stdout)
     assert ended["state"] == "completed" and ended["agent"] == "default"
     assert fresh["state"] == "running" and fresh["children"][0]["id"] == "sub-q-1"
+
+
+@pytest.mark.skipif(NODE is None, reason="needs Node to run the page's approvals model")
+def test_the_pages_approvals_list_follows_the_events_and_never_relists_a_settled_call() -> None:
+    """A list read before an ApprovalSettled arrived must not bring the settled call back, and
+    one read while a request arrived must not lose it."""
+    script = """
+const t = require(process.argv[1]);
+const a = new t.Approvals();
+const req = (s, id, at) => ({type: "ApprovalRequested", session: s, call_id: id, tool: "deploy",
+  arguments: "{}", untrusted: false, at: at});
+const out = [];
+out.push(a.apply(req("b", 1, "2026-01-01T00:00:02Z")));
+out.push(a.apply(req("a", 3, "2026-01-01T00:00:01Z")));
+out.push(a.apply(req("a", 3, "2026-01-01T00:00:01Z")));
+out.push(a.list().map((r) => r.session));
+out.push(a.apply({type: "ApprovalSettled", session: "b", call_id: 1, approved: true}));
+a.load([req("b", 1, "2026-01-01T00:00:02Z"), req("c", 1, "2026-01-01T00:00:03Z")]);
+out.push(a.list().map((r) => r.session + "/" + r.call_id));
+out.push(a.apply({type: "TurnEnded", session: "c"}));
+out.push(a.waits("c"), a.waits("b"));
+const before = Array.from(a.waiting.keys());
+a.apply(req("d", 2, "2026-01-01T00:00:04Z"));  // came while the list was on its way
+a.load([], before);  // c's call was dropped (a cancel): gone; d's stays
+out.push(a.list().map((r) => r.session + "/" + r.call_id));
+process.stdout.write(JSON.stringify(out));
+"""
+    done = subprocess.run(
+        [NODE, "-e", script, str(STATIC / "tree.js")],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    assert json.loads(done.stdout) == [
+        *[True, True, False, ["a", "b"], True, ["c/1"], False],
+        *[True, False, ["d/2"]],
+    ]

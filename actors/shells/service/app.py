@@ -2,7 +2,8 @@
 
 JSON in and out. Outcomes and events are the ``messages`` Structs' own JSON; an error is
 ``{"error": text}`` with the text the Python API would raise (400 for a bad id, text or body,
-404 for an unknown session, 413 for a body over the cap, 503 while the service stops). Nothing
+404 for an unknown session, 409 for a decision on a call that is not waiting, 413 for a body
+over the cap, 503 while the service stops). Nothing
 here blocks the loop: the few calls that wait for an actor or read the store run in a worker
 thread, and a turn's outcome comes back through a mailbox that resolves a future on the loop.
 """
@@ -37,6 +38,7 @@ from actors.stores.open import open_store
 from actors.stores.reader import StoreReader
 from actors.stores.sqlite import DB_NAME
 from messages import (
+    ApprovalSettled,
     ContextStatus,
     FailReason,
     Inspect,
@@ -47,7 +49,7 @@ from messages import (
     check_top_level_session,
 )
 
-__all__ = ["KEEPALIVE_S", "ServiceState", "TurnBody", "create_app"]
+__all__ = ["KEEPALIVE_S", "DecisionBody", "ServiceState", "TurnBody", "create_app"]
 
 KEEPALIVE_S = 15.0
 """Seconds of silence after which an event stream sends a comment line (proxies keep it open,
@@ -68,6 +70,15 @@ class TurnBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cancel_on_disconnect: bool = False
     """With ``wait``: a client that goes away before the answer cancels the turn (and its
     children); without, the turn goes on and is stored."""
+
+
+class DecisionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/approvals/{session}/{call_id}``: yes (with an optional ``note``
+    kept with the decision) or no (with the ``reason`` the model reads)."""
+
+    approve: bool
+    note: str | None = None
+    reason: str | None = None
 
 
 class _Refused(Exception):
@@ -353,6 +364,60 @@ async def get_session(request: Request) -> Response:
     return _json(shown)
 
 
+async def get_approvals(request: Request) -> Response:
+    """``GET /v1/approvals``: the calls waiting for a person, oldest ``at`` first."""
+    try:
+        waiting = await _state(request).runtime.pending_approvals()
+    except (RuntimeError, TimeoutError) as exc:  # stopped, or the Context did not answer
+        raise _Refused(503, f"the service is stopping: {str(exc) or 'no answer in time'}") from None
+    return _json({"approvals": waiting})
+
+
+def _call_id(raw: str) -> int:
+    """The path's call id: a whole number from 1 (400 naming it otherwise)."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18 and int(raw) >= 1):
+        raise _Refused(400, f"invalid call id {raw[:40]!r}: it must be a whole number from 1")
+    return int(raw)
+
+
+def _decision(data: bytes) -> DecisionBody:
+    """The body of a decision, checked: ``approve`` a boolean, a decline with a reason."""
+    try:
+        body = msgspec.convert(_json_object(data), DecisionBody)
+    except msgspec.ValidationError as exc:
+        raise _Refused(400, f"the body: {exc}") from None
+    try:
+        check_text(body.note, "the note", optional=True)
+        check_text(body.reason, "the reason", optional=True)
+    except (TypeError, ValueError) as exc:
+        raise _Refused(400, str(exc)) from None
+    if not body.approve and not (body.reason or "").strip():
+        raise _Refused(400, 'a decline needs a "reason" (the model reads it)')
+    return body
+
+
+async def post_decision(request: Request) -> Response:
+    """``POST /v1/approvals/{session}/{call_id}``: approve or decline a waiting call; 200 with
+    the ``ApprovalSettled``, 409 with the ``ApprovalRefused`` if it is not waiting."""
+    state = _state(request)
+    data = await _body(request, state.settings.max_body_bytes)
+    try:
+        session = check_session_id(request.path_params["session"])
+    except ValueError as exc:
+        raise _Refused(400, str(exc)) from None
+    call_id = _call_id(request.path_params["call_id"])
+    body = _decision(data)
+    runtime = state.runtime
+    try:
+        if body.approve:
+            answer = await runtime.approve(session, call_id, body.note)
+        else:
+            answer = await runtime.deny(session, call_id, body.reason or "")
+    except (RuntimeError, TimeoutError) as exc:  # stopped, or the Context did not answer
+        raise _Refused(503, f"the service is stopping: {str(exc) or 'no answer in time'}") from None
+    return _json(answer, 200 if isinstance(answer, ApprovalSettled) else 409)
+
+
 class _EventStream(Response):
     """``text/event-stream`` of one :class:`Subscriber`'s frames until it ends."""
 
@@ -430,6 +495,8 @@ def api_routes() -> list[BaseRoute]:
         Route("/v1/sessions", _guarded(get_sessions), methods=["GET"]),
         Route("/v1/sessions/{id}", _guarded(get_session), methods=["GET"]),
         Route("/v1/events", _guarded(get_events), methods=["GET"]),
+        Route("/v1/approvals", _guarded(get_approvals), methods=["GET"]),
+        Route("/v1/approvals/{session}/{call_id}", _guarded(post_decision), methods=["POST"]),
         Route("/v1/openapi.json", get_openapi, methods=["GET"]),
         Route("/healthz", get_health, methods=["GET"]),
     ]

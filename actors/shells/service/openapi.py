@@ -55,6 +55,129 @@ _OUTCOME = {
 }
 
 
+_REQUESTED = {
+    "type": "object",
+    "description": "An ApprovalRequested event: the call `call_id` of `session` (a child's "
+    "included) waits for a person. `arguments` is the model's JSON text; `untrusted`: the "
+    "session had read untrusted data, so the arguments may come from injected text.",
+    "properties": {
+        "type": {"const": "ApprovalRequested"},
+        "session": {"type": "string"},
+        "call_id": {"type": "integer", "minimum": 1},
+        "tool": {"type": "string"},
+        "arguments": {"type": "string"},
+        "untrusted": {"type": "boolean"},
+        "at": {"type": "string", "format": "date-time"},
+    },
+    "required": ["type", "session", "call_id", "tool", "arguments", "at"],
+}
+
+_SETTLED = {
+    "type": "object",
+    "description": "An ApprovalSettled event: the call was approved or declined.",
+    "properties": {
+        "type": {"const": "ApprovalSettled"},
+        "session": {"type": "string"},
+        "call_id": {"type": "integer"},
+        "approved": {"type": "boolean"},
+        "at": {"type": "string", "format": "date-time"},
+    },
+    "required": ["type", "session", "call_id", "approved"],
+}
+
+_REFUSED = {
+    "type": "object",
+    "description": "An ApprovalRefused message: the call is not waiting (it never was, or it "
+    "was settled already); nothing changed.",
+    "properties": {
+        "type": {"const": "ApprovalRefused"},
+        "session": {"type": "string"},
+        "call_id": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+    "required": ["type", "session", "call_id", "detail"],
+}
+
+_APPROVALS: dict[str, Any] = {
+    "/v1/approvals": {
+        "get": {
+            "summary": "The calls waiting for a person's decision, oldest first.",
+            "responses": {
+                "200": _ok(
+                    "The waiting calls.",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "approvals": {
+                                "type": "array",
+                                "items": {"$ref": "#/components/schemas/ApprovalRequested"},
+                            }
+                        },
+                    },
+                ),
+                **_AUTH,
+                "503": _err("The service is stopping."),
+            },
+        }
+    },
+    "/v1/approvals/{session}/{call_id}": {
+        "post": {
+            "summary": "Approve or decline a waiting call; of two decisions at once exactly "
+            "one is applied (the other is 409).",
+            "parameters": [
+                {**_ID, "name": "session", "description": "The session whose call waits."},
+                {
+                    "name": "call_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                },
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["approve"],
+                            "properties": {
+                                "approve": {"type": "boolean"},
+                                "note": {
+                                    "type": ["string", "null"],
+                                    "description": "Kept with an approval.",
+                                },
+                                "reason": {
+                                    "type": ["string", "null"],
+                                    "description": "Why a call is declined (needed then): "
+                                    "the model reads it.",
+                                },
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _ok(
+                    "The decision was applied.", {"$ref": "#/components/schemas/ApprovalSettled"}
+                ),
+                "400": _err(
+                    "A bad session or call id, or body (not an object, no boolean approve, a "
+                    "decline without a reason)."
+                ),
+                **_AUTH,
+                "409": _ok(
+                    "The call is not waiting: nothing changed.",
+                    {"$ref": "#/components/schemas/ApprovalRefused"},
+                ),
+                "413": _err("The body is over the cap."),
+                "503": _err("The service is stopping."),
+            },
+        }
+    },
+}
+
+
 def openapi_document() -> dict[str, Any]:
     """The document, as a JSON-ready dict."""
     return {
@@ -62,11 +185,17 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "loopd",
             "version": "1",
-            "description": "A running loopd runtime over HTTP: turns, cancels, stored sessions "
-            'and live turn events. Errors are {"error": text}.',
+            "description": "A running loopd runtime over HTTP: turns, cancels, stored sessions, "
+            'live turn events and the calls waiting for a person. Errors are {"error": text}.',
         },
         "components": {
-            "schemas": {"Error": _ERROR, "TurnOutcome": _OUTCOME},
+            "schemas": {
+                "Error": _ERROR,
+                "TurnOutcome": _OUTCOME,
+                "ApprovalRequested": _REQUESTED,
+                "ApprovalSettled": _SETTLED,
+                "ApprovalRefused": _REFUSED,
+            },
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],
@@ -213,6 +342,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            **_APPROVALS,
             "/v1/openapi.json": {
                 "get": {
                     "summary": "This document.",

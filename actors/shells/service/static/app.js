@@ -1,9 +1,10 @@
-/* loopd's page: the sessions, and the live tree of one family. Events are read with fetch
+/* loopd's page: the sessions, the live tree of one family, and the calls waiting for a
+   person (approve, or decline with a reason). Events are read with fetch
    (a stream of server-sent events), so the token goes in a header, never in a URL. Every text
    from the service is put in the page as text (textContent), never as HTML. */
 (function () {
   "use strict";
-  const { SseParser, Family } = window.LoopdTree;
+  const { SseParser, Family, Approvals } = window.LoopdTree;
   const TOKEN_KEY = "loopd-token";
   const $ = (id) => document.getElementById(id);
 
@@ -14,7 +15,9 @@
   let lastEventId = null;
   let renderQueued = false;
   let sessionsQueued = false;
+  let approvalsQueued = false;
   let waitingForToken = null;
+  const approvals = new Approvals();
 
   function headers(extra) {
     const h = Object.assign({}, extra || {});
@@ -152,6 +155,7 @@
     const time = elapsed(node, now);
     if (time) facts.push(time);
     if (node.tool) facts.push("calling " + node.tool);
+    if (node.waiting) facts.push("waiting for a person: " + node.waiting);
     head.append(text("span", facts.join(" · "), "facts"));
     box.append(head);
     if (node.reason) box.append(text("div", node.reason + (node.detail ? ": " + node.detail : ""), "detail"));
@@ -186,6 +190,109 @@
     }
   }
 
+  /* The waiting calls, oldest first: session, call, tool, arguments (as the model wrote them),
+     and a warning when the session had read untrusted data. */
+  function drawApprovals() {
+    const list = approvals.list();
+    const ul = $("approvals");
+    const kept = new Map(Array.from(ul.children).map((li) => [li.dataset.key, li]));
+    ul.replaceChildren(...list.map((request) => {
+      const key = Approvals.key(request.session, request.call_id);
+      return kept.get(key) || drawApproval(request, key);
+    }));
+    $("approvals-count").textContent = list.length ? "(" + list.length + ")" : "";
+    $("approvals-panel").hidden = list.length === 0;
+  }
+
+  function drawApproval(request, key) {
+    const li = text("li", null, "approval" + (request.untrusted ? " untrusted" : ""));
+    li.dataset.key = key;
+    li.dataset.session = request.session;
+    li.dataset.callId = String(request.call_id);
+    const head = text("div", null, "head");
+    head.append(
+      text("span", request.session, "id"),
+      text("span", "call " + request.call_id + ": " + request.tool, "tool"),
+      text("span", (request.at || "").replace(/^.*T/, "").replace(/\.\d+Z$/, ""), "facts"),
+    );
+    li.append(head);
+    if (request.untrusted) {
+      li.append(text("div", "untrusted: this session read untrusted data, so these arguments " +
+        "may come from injected text", "warning"));
+    }
+    let shown = request.arguments;
+    try {
+      shown = JSON.stringify(JSON.parse(request.arguments), null, 2);
+    } catch (error) {
+      // not JSON: shown as the model wrote it
+    }
+    li.append(text("pre", shown, "arguments"));
+    const actions = text("div", null, "actions");
+    const approve = text("button", "Approve", "approve");
+    const reason = text("input", null, "reason");
+    reason.placeholder = "why not (the model reads it)";
+    const decline = text("button", "Decline", "decline");
+    const said = text("span", "", "hint said");
+    approve.type = decline.type = "button";
+    approve.onclick = () => decide(request, { approve: true }, li, said);
+    decline.onclick = () => {
+      if (!reason.value.trim()) {
+        reason.focus();
+        said.textContent = "a decline needs a reason";
+        return;
+      }
+      decide(request, { approve: false, reason: reason.value.trim() }, li, said);
+    };
+    reason.onkeydown = (e) => {
+      if (e.key === "Enter") decline.onclick();
+    };
+    actions.append(approve, decline, reason, said);
+    li.append(actions);
+    return li;
+  }
+
+  async function decide(request, body, li, said) {
+    for (const button of li.querySelectorAll("button")) button.disabled = true;
+    const path = "/v1/approvals/" + encodeURIComponent(request.session) + "/" + request.call_id;
+    try {
+      const response = await api(path, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(body),
+      });
+      const answer = await response.json();
+      if (response.ok || response.status === 409) {
+        // Settled (by this page or, for a 409, by someone else): it waits no more.
+        approvals.apply({ type: "ApprovalSettled", session: request.session,
+          call_id: request.call_id });
+        drawApprovals();
+        say(response.ok ? "call " + request.call_id + " of " + request.session + " " +
+          (answer.approved ? "approved" : "declined") : answer.detail);
+        return;
+      }
+      said.textContent = answer.error || "HTTP " + response.status;
+    } catch (error) {
+      said.textContent = error.message;
+    }
+    for (const button of li.querySelectorAll("button")) button.disabled = false;
+  }
+
+  async function loadApprovals() {
+    approvalsQueued = false;
+    const before = Array.from(approvals.waiting.keys());
+    const response = await api("/v1/approvals");
+    if (!response.ok) return;
+    approvals.load((await response.json()).approvals, before);
+    drawApprovals();
+  }
+
+  function queueApprovals() {
+    if (!approvalsQueued) {
+      approvalsQueued = true;
+      setTimeout(() => loadApprovals().catch(() => {}), 300);
+    }
+  }
+
   function link(state, what) {
     const el = $("link");
     el.className = "link " + state;
@@ -201,6 +308,7 @@
         if (!response.ok || !response.body) throw new Error("HTTP " + response.status);
         link("live", "live");
         wait = 500;
+        loadApprovals().catch(() => {}); // what waits now, whatever the stream missed
         const reader = response.body.getReader();
         const decoder = new TextDecoder();
         const parser = new SseParser();
@@ -235,6 +343,9 @@
     recent.push(event);
     if (recent.length > RECENT) recent = recent.slice(-RECENT / 2);
     if (event.type === "TurnStarted" || event.type === "TurnEnded") queueSessions();
+    if (approvals.apply(event)) drawApprovals();
+    // A cancel drops a waiting call without an ApprovalSettled: ask what still waits.
+    if (event.type === "TurnEnded" && approvals.waits(event.session)) queueApprovals();
     if (family && family.apply(event)) {
       queueRender();
       if (event.type === "TurnEnded") reseed(family, event.session);

@@ -1,5 +1,5 @@
-/* loopd's page, the part without a DOM: the server-sent-events parser and the model of one
-   session family's live tree. It runs in the browser (as window.LoopdTree) and under Node
+/* loopd's page, the part without a DOM: the server-sent-events parser, the model of one
+   session family's live tree, and the list of calls waiting for a person. It runs in the browser (as window.LoopdTree) and under Node
    (module.exports), where the tests feed it a real event stream. */
 (function (root) {
   "use strict";
@@ -76,7 +76,7 @@
       found = {
         id: id, parent: null, children: [], state: "stored", agent: "", slot: null,
         tokens: 0, started: null, ended: null, text: "", tool: null, reason: null, detail: "",
-        touched: false,
+        touched: false, waiting: null,
       };
       this.nodes.set(id, found);
     }
@@ -159,7 +159,14 @@
         if (child.state === "running") child.state = endState(event.completed, event.reason);
         break;
       }
+      case "ApprovalRequested":
+        n.waiting = event.tool;
+        break;
+      case "ApprovalSettled":
+        n.waiting = null;
+        break;
       case "TurnEnded":
+        n.waiting = null;
         n.state = endState(event.completed, event.reason);
         n.ended = event.at;
         n.reason = event.reason || null;
@@ -183,7 +190,61 @@
     return walk(this.root, 0);
   };
 
-  const api = { SseParser, Family, descendsFrom, depthOf };
+  /* The calls waiting for a person: GET /v1/approvals seeds it, the ApprovalRequested and
+     ApprovalSettled events keep it current. A call settled once is never listed again, even
+     by a list read before its ApprovalSettled arrived. */
+  function Approvals() {
+    this.waiting = new Map();
+    this.settled = new Set();
+  }
+
+  Approvals.key = function (session, callId) {
+    return session + "/" + callId;
+  };
+
+  /* The list of GET /v1/approvals (its "approvals"). ``before``: the keys known when it was
+     asked for (all known now, if not given); those it no longer holds wait no more (settled,
+     or dropped by a cancel, which publishes no ApprovalSettled). A request that came as an
+     event while the list was on its way stays. */
+  Approvals.prototype.load = function (requests, before) {
+    const listed = new Set();
+    for (const request of requests || []) {
+      listed.add(Approvals.key(request.session, request.call_id));
+      this.apply(request);
+    }
+    for (const key of before || Array.from(this.waiting.keys())) {
+      if (!listed.has(key)) this.waiting.delete(key);
+    }
+  };
+
+  /* True if a call of ``session`` is listed as waiting. */
+  Approvals.prototype.waits = function (session) {
+    for (const request of this.waiting.values()) if (request.session === session) return true;
+    return false;
+  };
+
+  /* Apply one event; true if the list changed. */
+  Approvals.prototype.apply = function (event) {
+    if (!event || typeof event.session !== "string") return false;
+    const key = Approvals.key(event.session, event.call_id);
+    if (event.type === "ApprovalRequested") {
+      if (this.settled.has(key) || this.waiting.has(key)) return false;
+      this.waiting.set(key, event);
+      return true;
+    }
+    if (event.type === "ApprovalSettled") {
+      this.settled.add(key);
+      return this.waiting.delete(key);
+    }
+    return false;
+  };
+
+  /* The waiting requests, oldest first. */
+  Approvals.prototype.list = function () {
+    return Array.from(this.waiting.values()).sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0));
+  };
+
+  const api = { SseParser, Family, Approvals, descendsFrom, depthOf };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.LoopdTree = api;
 })(this);
