@@ -4,9 +4,9 @@ browser guard, the OpenAPI document."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -131,18 +131,34 @@ def test_a_client_that_asked_cancel_on_disconnect_cancels_its_family_by_going_aw
     assert s.client.post("/v1/sessions/boss/cancel").json() == {"cancelled": []}
 
 
-def test_a_client_gone_before_its_body_is_read_logs_no_error(serve, caplog) -> None:
+class _ErrorSeen(logging.Handler):
+    """Sets ``seen`` at the first ERROR record: an event to wait on, not a log to poll."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen = threading.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.seen.set()
+
+
+def test_a_client_gone_before_its_body_is_read_logs_no_error(serve) -> None:
     s = serve()
-    with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
-        raw.sendall(
-            b"POST /v1/sessions/half/turns HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b'Content-Length: 1000\r\n\r\n{"text": '
-        )
-    assert s.client.get("/healthz").status_code == 200
-    deadline = time.monotonic() + 0.3  # as Probe.expect_none: what must not come, briefly
-    while time.monotonic() < deadline:
-        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
-        time.sleep(0.01)
+    errors = _ErrorSeen()
+    logging.getLogger().addHandler(errors)
+    try:
+        with socket.create_connection(("127.0.0.1", s.service.port), timeout=WAIT) as raw:
+            raw.sendall(
+                b"POST /v1/sessions/half/turns HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b'Content-Length: 1000\r\n\r\n{"text": '
+            )
+        assert s.client.get("/healthz").status_code == 200
+        # As Probe.expect_none: what must not come, waited for briefly.
+        assert not errors.seen.wait(0.3), [r.getMessage() for r in errors.records]
+    finally:
+        logging.getLogger().removeHandler(errors)
     assert s.client.get("/v1/sessions").json() == {"sessions": []}
 
 
