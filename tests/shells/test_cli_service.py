@@ -1,0 +1,205 @@
+"""The CLI as a client of ``loopd serve --listen``: on a served home ``loopd run`` and ``loopd
+sessions`` go through the service (not ``HomeInUse``), ``--connect URL`` reaches one by its
+address, a wrong or missing token is a clear error, and a stale home file is ignored. A real
+daemon subprocess on a tmp home, its model the test kit's ChatServer on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.shells.served import SERVED_NAME, find_served, forget_served, record_served
+from actors.stores.lock import HomeLock
+from actors.testing import ChatServer, reply
+from actors.testing.chat_server import Delayed
+
+TIMEOUT_S = 30.0
+TOKEN = "cli-service-token-7d21"
+
+
+class Daemon:
+    """``loopd serve --listen 127.0.0.1:0`` on ``home``, its stderr read by a thread."""
+
+    def __init__(self, tmp: Path, home: Path, base_url: str) -> None:
+        self.home = home
+        self.config = tmp / "loopd.toml"
+        self.config.write_text(
+            f'home = "{home}"\n[model]\nbase_url = "{base_url}"\n'
+            '[serve]\ntoken_env = "LOOPD_TEST_TOKEN"\n'
+        )
+        self.tmp = tmp
+        args = ["serve", "--config", str(self.config), "--listen", "127.0.0.1:0"]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.shells.cli", *args],
+            cwd=tmp,
+            env=dict(os.environ, HOME=str(tmp), LOOPD_TEST_TOKEN=TOKEN),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.url = self.until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
+        self.until("loopd serve: running on")
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def until(self, text: str) -> str:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            if text in line:
+                return line
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(TIMEOUT_S)
+
+    def loopd(self, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, HOME=str(self.tmp))
+        env.pop("LOOPD_TEST_TOKEN", None)
+        env.pop("LOOPD_TOKEN", None)
+        if token is not None:
+            env["LOOPD_TEST_TOKEN"] = token
+        return subprocess.run(
+            [sys.executable, "-m", "actors.shells.cli", *args],
+            cwd=self.tmp,
+            env=env,
+            timeout=TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[Daemon, ChatServer]]:
+    def answer(body: dict) -> object:  # "slow" is answered after the test is over
+        slow = "slow" in json.dumps(body["messages"][-1])
+        return Delayed(reply("late"), 60) if slow else reply("served answer")
+
+    with ChatServer(answer) as server:
+        d = Daemon(tmp_path, tmp_path / "home", server.base_url)
+        try:
+            yield d, server
+        finally:
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait(TIMEOUT_S)
+
+
+def test_run_and_sessions_on_a_served_home_go_through_the_service(
+    daemon: tuple[Daemon, ChatServer],
+) -> None:
+    d, server = daemon
+    record = d.home / SERVED_NAME
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600  # the owner's only
+    written = json.loads(record.read_text())
+    assert written == {"url": d.url, "pid": d.proc.pid, "token_env": "LOOPD_TEST_TOKEN"}
+    assert TOKEN not in record.read_text()  # the variable's name, never the token
+
+    ran = d.loopd("run", "--config", str(d.config), "--session", "cli", "hello")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "served answer\n"
+    assert "cli  turn started" in ran.stderr and "cli  turn completed" in ran.stderr
+    assert "in use" not in ran.stderr
+    assert len(server.requests) == 1  # the daemon's runtime ran it
+
+    as_json = d.loopd("run", "--config", str(d.config), "--session", "cli", "--json", "-q", "hi")
+    assert as_json.returncode == 0, as_json.stderr
+    outcome = json.loads(as_json.stdout)
+    assert outcome["type"] == "TurnCompleted" and outcome["content"] == "served answer"
+
+    listed = d.loopd("sessions", "--config", str(d.config))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split() == [
+        "SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED",
+    ]  # fmt: skip
+    assert listed.stdout.splitlines()[1].split()[:5] == ["cli", "0", "2", "no", "4"]
+    rows = d.loopd("sessions", "--config", str(d.config), "--json")
+    row = json.loads(rows.stdout.splitlines()[0])
+    assert {k: row[k] for k in ("id", "turns", "messages", "agent")} == {
+        "id": "cli", "turns": 2, "messages": 4, "agent": "default",
+    }  # fmt: skip
+
+    # --connect reaches the service by its address; the token from --token-env's variable.
+    connect = ["--connect", d.url, "--token-env", "LOOPD_TEST_TOKEN"]
+    remote = d.loopd("run", "--home", str(d.tmp / "elsewhere"), *connect, "-q", "again")
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == "served answer\n"
+    shown = d.loopd("sessions", "show", "cli", *connect)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("session   cli\n") and "turns     2" in shown.stdout
+
+    assert d.stop() == 0
+    assert not record.exists()  # removed at a clean stop
+
+
+def test_a_wrong_or_missing_token_is_a_clear_error(daemon: tuple[Daemon, ChatServer]) -> None:
+    d, server = daemon
+    missing = d.loopd("run", "--config", str(d.config), "hello", token=None)
+    assert missing.returncode == 2
+    assert "LOOPD_TEST_TOKEN" in missing.stderr and "unset or empty" in missing.stderr
+    wrong = d.loopd("sessions", "--config", str(d.config), token="not-the-token")
+    assert wrong.returncode == 2
+    assert "refused the request (401)" in wrong.stderr and "LOOPD_TEST_TOKEN" in wrong.stderr
+    assert "not-the-token" not in wrong.stderr
+    no_default = d.loopd("run", "--connect", d.url, "hello", token=None)
+    assert no_default.returncode == 2 and "LOOPD_TOKEN" in no_default.stderr
+    assert d.loopd("run", "--config", str(d.config), "--tools", "x:y", "hi").returncode == 2
+    assert server.requests == []
+
+
+def test_run_timeout_through_the_service_cancels_the_turn(
+    daemon: tuple[Daemon, ChatServer],
+) -> None:
+    d, _ = daemon
+    late = d.loopd("run", "--config", str(d.config), "--timeout", "0.5", "-q", "slow")
+    assert late.returncode == 124, late.stderr
+    assert "the turn of main was cancelled" in late.stderr
+    listed = d.loopd("sessions", "--config", str(d.config), "--json")
+    assert json.loads(listed.stdout.splitlines()[0])["id"] == "main"
+
+
+def test_a_stale_home_file_is_ignored(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    record_served(home, "http://0.0.0.0:5", "T")
+    lock = HomeLock.acquire(home)  # this process holds the home and wrote the file
+    try:
+        found = find_served(home)
+        assert found is not None and found.url == "http://127.0.0.1:5"  # reachable locally
+    finally:
+        lock.release()
+    # A crashed server: its pid is gone (a child that has exited), the lock names it still.
+    code = "import os; print(os.getpid())"
+    gone = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=TIMEOUT_S
+    )
+    pid = int(gone.stdout)
+    (home / "loopd.lock").write_text(f"{pid}\n")
+    (home / SERVED_NAME).write_text(json.dumps({"url": "http://127.0.0.1:5", "pid": pid}))
+    assert find_served(home) is None
+    # The lock names another holder than the file: stale too.
+    record_served(home, "http://127.0.0.1:5", None)
+    (home / "loopd.lock").write_text("1\n")
+    assert find_served(home) is None
+    forget_served(home)
+    assert not (home / SERVED_NAME).exists()
+    (home / SERVED_NAME).write_text("not json")
+    assert find_served(home) is None
