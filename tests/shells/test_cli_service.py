@@ -5,6 +5,7 @@ daemon subprocess on a tmp home, its model the test kit's ChatServer on 127.0.0.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import queue
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -203,3 +205,73 @@ def test_a_stale_home_file_is_ignored(tmp_path: Path) -> None:
     assert not (home / SERVED_NAME).exists()
     (home / SERVED_NAME).write_text("not json")
     assert find_served(home) is None
+
+
+class _Approvals(http.server.BaseHTTPRequestHandler):
+    """The approval endpoints as the service answers them: call 3 of ``notes`` waits."""
+
+    decided: ClassVar[list[dict]] = []
+
+    def _send(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.headers.get("authorization") != f"Bearer {TOKEN}":
+            return self._send(401, {"error": "this service needs a token"})
+        waiting = {
+            "type": "ApprovalRequested",
+            "session": "notes",
+            "call_id": 3,
+            "tool": "rm",
+            "arguments": '{"path": "x"}',
+            "untrusted": True,
+            "at": "2026-01-02T03:04:05Z",
+        }
+        self._send(200, {"approvals": [waiting]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        self.decided.append({"path": self.path, **body})
+        if self.path == "/v1/approvals/notes/3":
+            settled = {"type": "ApprovalSettled", "session": "notes", "call_id": 3,
+                       "approved": body["approve"], "at": "2026-01-02T03:04:06Z"}  # fmt: skip
+            return self._send(200, settled)
+        detail = "call 9 of session notes is not waiting for a decision"
+        self._send(409, {"type": "ApprovalRefused", "session": "notes", "call_id": 9,
+                         "detail": detail})  # fmt: skip
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_approvals_approve_and_deny_go_through_the_service(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Approvals)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    d = Daemon.__new__(Daemon)  # only its loopd(): no daemon runs here
+    d.tmp = tmp_path
+    try:
+        connect = ["--connect", url, "--token-env", "LOOPD_TEST_TOKEN"]
+        listed = d.loopd("approvals", *connect)
+        assert listed.returncode == 0, listed.stderr
+        assert "notes" in listed.stdout and "UNTRUSTED" in listed.stdout and "rm" in listed.stdout
+        yes = d.loopd("approve", *connect, "notes", "3", "--note", "ok")
+        assert yes.returncode == 0, yes.stderr
+        assert yes.stdout == "call 3 of session notes approved; its turn resumes now\n"
+        no = d.loopd("deny", *connect, "notes", "9", "--reason", "not now")
+        assert no.returncode == 1  # refused: the detail, exit 1
+        assert no.stdout == "call 9 of session notes is not waiting for a decision\n"
+        assert _Approvals.decided == [
+            {"path": "/v1/approvals/notes/3", "approve": True, "note": "ok", "reason": ""},
+            {"path": "/v1/approvals/notes/9", "approve": False, "note": "", "reason": "not now"},
+        ]
+        unauthorised = d.loopd("approvals", *connect, token="wrong")
+        assert unauthorised.returncode == 2 and "(401)" in unauthorised.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
