@@ -166,10 +166,13 @@ class ServiceClient:
         body = {"approve": approve, "note": note, "reason": reason}
         with self._answer():
             response = self._check(self._http.post(f"/v1/approvals/{session}/{call_id}", json=body))
-        kind = ApprovalRefused if response.status_code == 409 else ApprovalSettled
+        kind: type[ApprovalSettled | ApprovalRefused] = (
+            ApprovalRefused if response.status_code == 409 else ApprovalSettled
+        )
         fields = {*kind.__struct_fields__, "type"}
         kept = {k: v for k, v in msgspec.json.decode(response.content).items() if k in fields}
-        return msgspec.convert(kept, kind)
+        answer: ApprovalSettled | ApprovalRefused = msgspec.convert(kept, kind)
+        return answer
 
     @contextlib.contextmanager
     def events(self, session: str, show: Callable[[TurnEvent], None]) -> Iterator[threading.Event]:
