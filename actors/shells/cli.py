@@ -203,6 +203,15 @@ def cmd_repl(args: argparse.Namespace) -> int:
     from actors.shells.repl import run_repl
 
     config = _config(args)
+    if args.connect is not None:  # a thin console over a service: no runtime here
+        from actors.shells.repl_client import run_remote_repl
+
+        remote = client.client_for(args, config)
+        assert remote is not None
+        try:
+            return run_remote_repl(remote)
+        finally:
+            remote.close()
     tools = load_tools(args.tools)
     return run_repl(config, scripted=args.scripted, tools=tools, shell=args.shell)
 
@@ -359,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plain", dest="shell", action="store_const", const="plain", help="the plain console"
     )
     _tools_flag(repl)
+    client.add_client_flags(repl)
     repl.set_defaults(fn=cmd_repl)
 
     serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")

@@ -131,6 +131,12 @@ class ServiceClient:
         outcome: TurnOutcome = msgspec.json.decode(response.content, type=TurnOutcome)
         return outcome
 
+    def start_turn(self, session: str, text: str, agent: str | None) -> None:
+        """Start a turn and return once the service took it (202)."""
+        body = {"text": text, "agent": agent, "wait": False}
+        with self._answer():
+            self._check(self._http.post(f"/v1/sessions/{session}/turns", json=body))
+
     def cancel(self, session: str) -> tuple[str, ...]:
         """Cancel ``session``'s turn and its descendants'; the ids cancelled."""
         with self._answer():

@@ -6,6 +6,7 @@ daemon subprocess on a tmp home, its model the test kit's ChatServer on 127.0.0.
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import queue
@@ -72,7 +73,9 @@ class Daemon:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(TIMEOUT_S)
 
-    def loopd(self, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
+    def loopd(
+        self, *args: str, token: str | None = TOKEN, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, HOME=str(self.tmp))
         env.pop("LOOPD_TEST_TOKEN", None)
         env.pop("LOOPD_TOKEN", None)
@@ -86,6 +89,7 @@ class Daemon:
             capture_output=True,
             text=True,
             check=False,
+            input=stdin,
         )
 
 
@@ -275,3 +279,36 @@ def test_approvals_approve_and_deny_go_through_the_service(tmp_path: Path) -> No
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_repl_connect_is_a_thin_console_over_the_service(
+    daemon: tuple[Daemon, ChatServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from actors.shells.client import ServiceClient
+    from actors.shells.repl_client import run_remote_repl
+
+    d, server = daemon
+    lines = [
+        'out = turn("r", "hello")',
+        "print(out.content)",
+        "sessions()",
+        'show("r")["turns"]',
+        "exit(3)",
+    ]
+    client = ServiceClient(d.url, TOKEN, "LOOPD_TEST_TOKEN")
+    try:
+        assert run_remote_repl(client, stdin=io.StringIO("\n".join(lines) + "\n")) == 3
+    finally:
+        client.close()
+    out, err = capsys.readouterr()
+    assert f"connected to {d.url}" in err  # the banner, as the console writes it
+    assert "Traceback" not in err
+    assert "r  turn completed" in out  # the family's events, as the local turn() prints them
+    assert "served answer\n" in out
+    assert "SESSION" in out and "STATE" in out and "idle" in out  # the live session's state
+    assert ">>> 1\n" in out  # show("r")["turns"]
+    assert len(server.requests) == 1
+    connect = ["--connect", d.url, "--token-env", "LOOPD_TEST_TOKEN"]
+    console = d.loopd("repl", *connect, "--plain", stdin="print(sessions()[0].id)\n")
+    assert console.returncode == 0, console.stderr
+    assert ">>> r\n" in console.stdout and "connected to" in console.stderr
