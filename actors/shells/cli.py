@@ -127,6 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if remote is not None:  # a served home, or --connect: through the service
         try:
             return client.remote_run(remote, args, config)
+        except TimeoutError:
+            return _timed_out(remote, args)
         finally:
             remote.close()
     # Before Runtime.start creates anything under home.

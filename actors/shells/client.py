@@ -89,11 +89,14 @@ class ServiceClient:
         self._http.close()
 
     @contextlib.contextmanager
-    def _answer(self) -> Iterator[None]:
+    def _answer(self, *, timeouts: bool = False) -> Iterator[None]:
+        """httpx's errors as :class:`ServiceError` (a timeout kept as is with ``timeouts``)."""
         try:
             yield
         except httpx.TimeoutException:
-            raise
+            if timeouts:
+                raise
+            raise ServiceError(f"the loopd service at {self.url} gave no answer in time") from None
         except httpx.HTTPError as exc:
             raise ServiceError(f"cannot reach the loopd service at {self.url}: {exc}") from None
 
@@ -124,7 +127,7 @@ class ServiceClient:
         wait = httpx.Timeout(CONNECT_S, read=timeout)
         path = f"/v1/sessions/{session}/turns"
         try:
-            with self._answer():
+            with self._answer(timeouts=True):
                 response = self._check(self._http.post(path, json=body, timeout=wait))
         except httpx.TimeoutException:
             raise TimeoutError(f"no answer within {timeout} s") from None
@@ -268,9 +271,8 @@ def _token(environ: Mapping[str, str], name: str, url: str) -> str:
 
 def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) -> int:
     """``loopd run`` through the service: the answer on stdout, the family's events on
-    stderr; ``--timeout`` cancels the turn and exits 124 as locally."""
-    from actors.shells.cli import EXIT_TIMEOUT, _timed_out
-
+    stderr. ``TimeoutError`` when ``--timeout`` runs out (the caller cancels the turn through
+    ``client`` and exits 124, as locally)."""
     for name, flag in _LOCAL_ONLY:
         if getattr(args, name, None):
             raise ServiceError(
@@ -289,12 +291,7 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
     with contextlib.ExitStack() as stack:
         if not args.quiet:
             stack.enter_context(client.events(args.session, show))
-        try:
-            outcome = client.turn(args.session, args.text, args.agent, args.timeout)
-        except TimeoutError:
-            code: int = _timed_out(client, args)
-            assert code == EXIT_TIMEOUT
-            return code
+        outcome = client.turn(args.session, args.text, args.agent, args.timeout)
     if args.json:
         print(msgspec.json.encode(outcome).decode())
         return 0 if isinstance(outcome, TurnCompleted) else 1
