@@ -12,7 +12,7 @@ import importlib.metadata
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import msgspec
 from actors.core.config import Config, ConfigError, check_wait
 from actors.core.text import escape_controls, redact
 from actors.runtime import Runtime
-from actors.shells import approvals_cli
+from actors.shells import approvals_cli, client
 from actors.shells.render import EventPrinter, table
 from actors.shells.serve import event_line
 from actors.shells.views import show_session, show_session_json
@@ -122,11 +122,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     The answer and the events are shown with control characters escaped (a model cannot drive
     the terminal); the store keeps them as they were. Scheduled jobs never run here.
     """
+    config = _one_shot(_config(args))
+    remote = client.client_for(args, config)
+    if remote is not None:  # a served home, or --connect: through the service
+        try:
+            return client.remote_run(remote, args, config)
+        except TimeoutError:
+            return _timed_out(remote, args)
+        finally:
+            remote.close()
     # Before Runtime.start creates anything under home.
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
     schema = _output_schema(args.output_schema)
-    config = _one_shot(_config(args))
     tools = load_tools(args.tools)
     _exit_on_sigterm()
     with Runtime.start(config, tools=tools) as rt:
@@ -170,8 +178,9 @@ def _output_schema(path: Path | None) -> dict[str, Any] | None:
     return schema
 
 
-def _timed_out(rt: Runtime, args: argparse.Namespace) -> int:
-    """``run --timeout`` ran out: cancel the turn and say exactly what became of it."""
+def _timed_out(rt: Runtime | client.ServiceClient, args: argparse.Namespace) -> int:
+    """``run --timeout`` ran out: cancel the turn (in ``rt``, or through the service) and say
+    exactly what became of it."""
     cancelled = rt.cancel(args.session)
     if cancelled:
         children = len(cancelled) - 1
@@ -196,6 +205,15 @@ def cmd_repl(args: argparse.Namespace) -> int:
     from actors.shells.repl import run_repl
 
     config = _config(args)
+    if args.connect is not None:  # a thin console over a service: no runtime here
+        from actors.shells.repl_client import run_remote_repl
+
+        remote = client.client_for(args, config)
+        assert remote is not None
+        try:
+            return run_remote_repl(remote)
+        finally:
+            remote.close()
     tools = load_tools(args.tools)
     return run_repl(config, scripted=args.scripted, tools=tools, shell=args.shell)
 
@@ -213,8 +231,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    """List stored sessions, or show one."""
+    """List stored sessions, or show one (through the service on a served home: the list;
+    ``show`` reads the store, which needs no lock, unless ``--connect`` names a service)."""
     config = _config(args)
+    if args.action != "show" or args.connect is not None:
+        remote = client.client_for(args, config)
+        if remote is not None:
+            try:
+                return client.remote_sessions(remote, args)
+            finally:
+                remote.close()
     if config.store.url is not None:  # a PostgreSQL store: read it there
         shared = open_store(config)
         try:
@@ -324,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="the outcome and events as JSON lines")
     _tools_flag(run)
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
+    client.add_client_flags(run)
     run.add_argument("text", help="what to say")
     run.set_defaults(fn=cmd_run)
 
@@ -343,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plain", dest="shell", action="store_const", const="plain", help="the plain console"
     )
     _tools_flag(repl)
+    client.add_client_flags(repl)
     repl.set_defaults(fn=cmd_repl)
 
     serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")
@@ -359,9 +387,36 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("action", nargs="?", choices=["show"], help="show one session")
     sessions.add_argument("id", nargs="?", help="the session id to show")
     sessions.add_argument("--json", action="store_true", help="one JSON object per line")
+    client.add_client_flags(sessions)
     sessions.set_defaults(fn=cmd_sessions)
     approvals_cli.add_commands(sub, common, _config)
+    for name, remote in (
+        ("approvals", client.remote_approvals),
+        ("approve", lambda c, a: client.remote_decide(c, a, True)),
+        ("deny", lambda c, a: client.remote_decide(c, a, False)),
+    ):
+        client.add_client_flags(sub.choices[name])
+        local = sub.choices[name].get_default("fn")
+        sub.choices[name].set_defaults(fn=_or_service(local, remote))
     return parser
+
+
+def _or_service(
+    local: Callable[[argparse.Namespace], int],
+    remote: Callable[[client.ServiceClient, argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """A command that goes through the service on a served home (or ``--connect``)."""
+
+    def run(args: argparse.Namespace) -> int:
+        through = client.client_for(args, _config(args))
+        if through is None:
+            return local(args)
+        try:
+            return remote(through, args)
+        finally:
+            through.close()
+
+    return run
 
 
 def _version() -> str:
@@ -403,7 +458,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
         code: int = args.fn(args)
     except BrokenPipeError:  # not bad input: main() ends it quietly
         raise
-    except (ConfigError, StoreError, HomeInUse, ValueError, TypeError, OSError) as exc:
+    except (
+        ConfigError,
+        StoreError,
+        HomeInUse,
+        client.ServiceError,
+        ValueError,
+        TypeError,
+        OSError,
+    ) as exc:
         # URL credentials and tokens never reach the terminal, nor do its control sequences.
         print(f"loopd: {escape_controls(redact(str(exc)))}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ import msgspec
 from actors.core.config import Config
 from actors.runtime import Runtime
 from actors.shells.render import EventPrinter, render_event
+from actors.shells.served import forget_served, record_served
 from actors.shells.service.settings import service_settings
 from actors.shells.service.start import start_service
 from actors.tools.tool import PortTool
@@ -116,6 +117,8 @@ def serve(
                 rt.subscribe(writer.printer())
             if settings is not None:
                 service = start_service(rt, settings)
+                # The CLI on this home goes through the service (actors.shells.served).
+                record_served(config.home_path, service.url, config.serve.token_env)
                 print(f"loopd serve: listening on {service.url}", file=sys.stderr, flush=True)
             jobs = len(config.cron) + (1 if config.heartbeat else 0)
             print(
@@ -126,6 +129,7 @@ def serve(
             )
             stop.wait()
             if service is not None:  # no new requests; the runtime's stop answers the turns
+                forget_served(config.home_path)
                 service.stop_accepting()
             print("loopd serve: stopping", file=sys.stderr, flush=True)
         if service is not None:  # the runtime has stopped: what is still in flight is answered
@@ -134,6 +138,7 @@ def serve(
         stopped = True
     finally:
         if service is not None:
+            forget_served(config.home_path)
             service.close()
         for sig, handler in previous.items():
             # A start that failed puts the handlers back: an embedder (or a test) that called

@@ -1,0 +1,393 @@
+"""The CLI as a client of ``loopd serve --listen``: the same commands, through the HTTP API.
+
+On a served home (``<home>/loopd.serve.json`` names a live service, see actors.shells.served)
+``loopd run``, ``loopd sessions``, ``loopd approvals``, ``loopd approve`` and ``loopd deny`` go
+through that service instead of failing with ``HomeInUse``; ``--connect URL`` reaches a service
+anywhere. The token is read from the caller's environment: the variable the home's file names,
+or ``--token-env NAME`` (default ``LOOPD_TOKEN``) with ``--connect``; it is sent as a bearer
+header and never printed. The output is the local commands' (``--json`` too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from actors.core.config import Config
+from actors.core.text import escape_controls, redact
+from actors.shells.render import EventPrinter, approvals_table, table
+from actors.shells.served import Served, find_served
+from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
+    TurnCompleted,
+    TurnEnded,
+    TurnEvent,
+    TurnOutcome,
+    check_session_id,
+    check_text,
+    check_top_level_session,
+)
+
+__all__ = [
+    "DEFAULT_TOKEN_ENV",
+    "ServiceClient",
+    "ServiceError",
+    "add_client_flags",
+    "client_for",
+    "remote_approvals",
+    "remote_decide",
+    "remote_run",
+    "remote_sessions",
+]
+
+DEFAULT_TOKEN_ENV = "LOOPD_TOKEN"
+"""The variable ``--connect`` reads the token from when ``--token-env`` names none."""
+
+CONNECT_S = 10.0
+"""Seconds to connect, send a body or wait for an answer that is not a turn's."""
+
+_EVENTS_AFTER_S = 2.0
+"""How long ``run`` waits, after the outcome, for the stream to bring the turn's last events."""
+
+_LOCAL_ONLY = (
+    ("output_schema", "--output-schema"),
+    ("base_url", "--base-url"),
+    ("model", "--model"),
+    ("tools", "--tools"),
+)
+"""``run`` flags that configure a local runtime: through a service they are refused."""
+
+
+class ServiceError(RuntimeError):
+    """The service could not be reached, refused the request, or is missing its token."""
+
+
+class ServiceClient:
+    """The HTTP API of one service at ``url``; ``token`` None sends no ``Authorization``."""
+
+    def __init__(self, url: str, token: str | None, token_env: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.token_env = token_env
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=CONNECT_S)
+
+    def __repr__(self) -> str:  # never the token
+        return f"ServiceClient({self.url!r})"
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    @contextlib.contextmanager
+    def _answer(self, *, timeouts: bool = False) -> Iterator[None]:
+        """httpx's errors as :class:`ServiceError` (a timeout kept as is with ``timeouts``)."""
+        try:
+            yield
+        except httpx.TimeoutException:
+            if timeouts:
+                raise
+            raise ServiceError(f"the loopd service at {self.url} gave no answer in time") from None
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"cannot reach the loopd service at {self.url}: {exc}") from None
+
+    def _check(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code == 401:
+            where = f"the variable {self.token_env}" if self.token_env else "--token-env"
+            raise ServiceError(
+                f"the loopd service at {self.url} refused the request (401): it needs its token "
+                f"in {where}; see docs/runbook.md#cli-through-the-service"
+            )
+        if response.status_code >= 400 and response.status_code != 409:
+            try:
+                text = str(msgspec.json.decode(response.content)["error"])
+            except (msgspec.DecodeError, KeyError, TypeError):
+                text = response.text[:200]
+            raise ServiceError(f"the loopd service answered {response.status_code}: {text}")
+        return response
+
+    def _get(self, path: str) -> Any:
+        with self._answer():
+            return msgspec.json.decode(self._check(self._http.get(path)).content)
+
+    def turn(
+        self, session: str, text: str, agent: str | None, timeout: float | None
+    ) -> TurnOutcome:
+        """Run one turn and wait for its outcome (``TimeoutError`` after ``timeout`` s)."""
+        body = {"text": text, "agent": agent, "wait": True}
+        wait = httpx.Timeout(CONNECT_S, read=timeout)
+        path = f"/v1/sessions/{session}/turns"
+        try:
+            with self._answer(timeouts=True):
+                response = self._check(self._http.post(path, json=body, timeout=wait))
+        except httpx.TimeoutException:
+            raise TimeoutError(f"no answer within {timeout} s") from None
+        outcome: TurnOutcome = msgspec.json.decode(response.content, type=TurnOutcome)
+        return outcome
+
+    def start_turn(self, session: str, text: str, agent: str | None) -> None:
+        """Start a turn and return once the service took it (202)."""
+        body = {"text": text, "agent": agent, "wait": False}
+        with self._answer():
+            self._check(self._http.post(f"/v1/sessions/{session}/turns", json=body))
+
+    def cancel(self, session: str) -> tuple[str, ...]:
+        """Cancel ``session``'s turn and its descendants'; the ids cancelled."""
+        with self._answer():
+            response = self._check(self._http.post(f"/v1/sessions/{session}/cancel", json={}))
+        return tuple(msgspec.json.decode(response.content)["cancelled"])
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """``GET /v1/sessions``: the stored sessions' rows."""
+        rows: list[dict[str, Any]] = self._get("/v1/sessions")["sessions"]
+        return rows
+
+    def session(self, session: str) -> dict[str, Any]:
+        """``GET /v1/sessions/{id}``: one stored session."""
+        shown: dict[str, Any] = self._get(f"/v1/sessions/{session}")
+        return shown
+
+    def approvals(self) -> tuple[ApprovalRequested, ...]:
+        """``GET /v1/approvals``: the calls waiting for a person's decision."""
+        answer = self._get("/v1/approvals")
+        items = answer.get("approvals", []) if isinstance(answer, dict) else answer
+        fields = {*ApprovalRequested.__struct_fields__, "type"}
+        found = []
+        for item in items:
+            item = item.get("request", item)  # a stored approval holds its request
+            kept = {k: v for k, v in item.items() if k in fields}
+            found.append(msgspec.convert(kept, ApprovalRequested))
+        return tuple(found)
+
+    def decide(
+        self, session: str, call_id: int, approve: bool, note: str, reason: str
+    ) -> ApprovalSettled | ApprovalRefused:
+        """``POST /v1/approvals/{session}/{call_id}``: 200 settled, 409 refused."""
+        body = {"approve": approve, "note": note, "reason": reason}
+        with self._answer():
+            response = self._check(self._http.post(f"/v1/approvals/{session}/{call_id}", json=body))
+        kind: type[ApprovalSettled | ApprovalRefused] = (
+            ApprovalRefused if response.status_code == 409 else ApprovalSettled
+        )
+        fields = {*kind.__struct_fields__, "type"}
+        kept = {k: v for k, v in msgspec.json.decode(response.content).items() if k in fields}
+        answer: ApprovalSettled | ApprovalRefused = msgspec.convert(kept, kind)
+        return answer
+
+    @contextlib.contextmanager
+    def events(self, session: str, show: Callable[[TurnEvent], None]) -> Iterator[threading.Event]:
+        """Feed ``show`` the events of ``session``'s family from ``GET /v1/events`` while the
+        block runs; yields an Event set once ``session``'s ``TurnEnded`` has come. The stream
+        is attached (its head came) before the block starts."""
+        ended = threading.Event()
+        http = httpx.Client(
+            base_url=self.url, headers=self._headers, timeout=httpx.Timeout(CONNECT_S, read=None)
+        )
+        try:
+            with self._answer():
+                stream = http.stream("GET", "/v1/events", params={"session": session})
+                response = self._check(stream.__enter__())
+
+            def pump() -> None:
+                with contextlib.suppress(Exception):  # the stream is cut when the block ends
+                    for data in _sse_data(response.iter_lines()):
+                        event = msgspec.json.decode(data, type=TurnEvent)
+                        show(event)
+                        if isinstance(event, TurnEnded) and event.session == session:
+                            ended.set()
+                ended.set()
+
+            reader = threading.Thread(target=pump, name="loopd-events", daemon=True)
+            reader.start()
+            yield ended
+            ended.wait(_EVENTS_AFTER_S)
+        finally:
+            http.close()
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The ``data`` of each server-sent event (comments and other fields skipped)."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+
+
+def add_client_flags(p: argparse.ArgumentParser) -> None:
+    """``--connect URL`` and ``--token-env NAME`` on a command that can go through a service."""
+    p.add_argument("--connect", metavar="URL", help="go through the loopd service at URL")
+    p.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help=f"with --connect: the variable holding its token (default {DEFAULT_TOKEN_ENV})",
+    )
+
+
+def client_for(
+    args: argparse.Namespace, config: Config, environ: Mapping[str, str] | None = None
+) -> ServiceClient | None:
+    """The service to go through: ``--connect``'s, or the one serving ``config``'s home; None
+    to work locally. ``ServiceError`` when the token's variable is unset or empty."""
+    environ = os.environ if environ is None else environ
+    url = getattr(args, "connect", None)
+    if url is not None:
+        if not url.startswith(("http://", "https://")):
+            raise ServiceError(f"--connect wants an http:// or https:// URL, not {url!r}")
+        name = getattr(args, "token_env", None)
+        if name is None:  # the default variable is optional: a service may take no token
+            return ServiceClient(url, environ.get(DEFAULT_TOKEN_ENV) or None, DEFAULT_TOKEN_ENV)
+        return ServiceClient(url, _token(environ, name, url), name)
+    if getattr(args, "token_env", None) is not None:
+        raise ServiceError("--token-env goes with --connect")
+    served: Served | None = find_served(config.home_path)
+    if served is None:
+        return None
+    token = None if served.token_env is None else _token(environ, served.token_env, served.url)
+    return ServiceClient(served.url, token, served.token_env)
+
+
+def _token(environ: Mapping[str, str], name: str, url: str) -> str:
+    token = environ.get(name, "")
+    if not token:
+        raise ServiceError(
+            f"the loopd service at {url} needs a token, read from the variable {name}, which "
+            f"is unset or empty here: set {name}; see docs/runbook.md#cli-through-the-service"
+        )
+    return token
+
+
+def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) -> int:
+    """``loopd run`` through the service: the answer on stdout, the family's events on
+    stderr. ``TimeoutError`` when ``--timeout`` runs out (the caller cancels the turn through
+    ``client`` and exits 124, as locally)."""
+    for name, flag in _LOCAL_ONLY:
+        if getattr(args, name, None):
+            raise ServiceError(
+                f"{flag} configures a local runtime; the loopd service at {client.url} runs "
+                "its own (leave the flag out, or stop the service)"
+            )
+    check_top_level_session(args.session)
+    check_text(args.text, "the turn text")
+    if args.json:
+
+        def show(event: TurnEvent) -> None:
+            print(msgspec.json.encode(event).decode(), file=sys.stderr, flush=True)
+
+    else:
+        show = EventPrinter(sys.stderr)
+    with contextlib.ExitStack() as stack:
+        if not args.quiet:
+            stack.enter_context(client.events(args.session, show))
+        outcome = client.turn(args.session, args.text, args.agent, args.timeout)
+    if args.json:
+        print(msgspec.json.encode(outcome).decode())
+        return 0 if isinstance(outcome, TurnCompleted) else 1
+    if isinstance(outcome, TurnCompleted):
+        print(escape_controls(outcome.content))
+        return 0
+    detail = escape_controls(redact(outcome.detail, config.model.secrets()))
+    print(f"loopd: the turn failed: {outcome.reason}: {detail}", file=sys.stderr)
+    return 1
+
+
+def remote_sessions(client: ServiceClient, args: argparse.Namespace) -> int:
+    """``loopd sessions`` through the service (the stored sessions, as locally)."""
+    if args.action == "show":
+        return _remote_show(client, args)
+    rows = [r for r in client.sessions() if "slot" in r]  # opened but not stored yet: not shown
+    if args.json:
+        for r in rows:
+            line = {
+                "id": r["session"],
+                "slot": r["slot"],
+                "turns": r["turns"],
+                "untrusted": r["untrusted"],
+                "agent": r["agent"],
+                "messages": r["messages"],
+                "updated_at": r["updated_at"],
+            }
+            print(msgspec.json.encode(line).decode())
+        return 0
+    if not rows:
+        print("no sessions")
+        return 0
+    cells = [
+        [
+            r["session"],
+            str(r["slot"]),
+            str(r["turns"]),
+            "yes" if r["untrusted"] else "no",
+            str(r["messages"]),
+            r["updated_at"],
+        ]
+        for r in rows
+    ]
+    print(table(cells, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    return 0
+
+
+def _remote_show(client: ServiceClient, args: argparse.Namespace) -> int:
+    """``sessions show ID --connect``: the service's answer (its live transcript: compacted
+    messages and each turn's usage are what the store-side ``sessions show`` adds)."""
+    shown = client.session(check_session_id(args.id))
+    if args.json:
+        print(msgspec.json.encode(shown).decode())
+        return 0
+    from actors.core.usage import format_usage
+    from messages import ChatMessage, Usage
+
+    print(f"session   {shown['session']}")
+    print(f"slot      {shown['slot']}")
+    print(f"agent     {shown['agent']}")
+    print(f"turns     {shown['turns']}")
+    print(f"untrusted {'yes' if shown['untrusted'] else 'no'}")
+    print(f"next call {shown['next_call_id']}")
+    print(f"children  {', '.join(shown['children']) or '-'}")
+    print(f"usage     {format_usage(msgspec.convert(shown['usage'], Usage))}")
+    print(f"  with children {format_usage(msgspec.convert(shown['usage_with_children'], Usage))}")
+    print()
+    for m in msgspec.convert(shown["transcript"], list[ChatMessage]):
+        who = m.role + (f" {m.name}" if m.name else "")
+        if m.tool_call_id is not None:
+            who += f" #{m.tool_call_id}"
+        print(escape_controls(who, one_line=True))
+        for line in (m.content or "").split("\n") if m.content else ():
+            print(f"    {escape_controls(line)}")
+        for call in m.tool_calls:
+            shown_call = f"    → #{call.id} {call.name}({call.as_written})"
+            print(escape_controls(shown_call, one_line=True))
+    return 0
+
+
+def remote_approvals(client: ServiceClient, args: argparse.Namespace) -> int:
+    """``loopd approvals`` through the service."""
+    print(approvals_table(client.approvals()))
+    return 0
+
+
+def remote_decide(client: ServiceClient, args: argparse.Namespace, approve: bool) -> int:
+    """``loopd approve`` / ``loopd deny`` through the service: the running turn resumes at
+    once; a refused decision prints its detail and exits 1."""
+    check_session_id(args.session)
+    note = (getattr(args, "note", None) or "") if approve else ""
+    reason = "" if approve else args.reason
+    answer = client.decide(args.session, args.call_id, approve, note, reason)
+    if isinstance(answer, ApprovalRefused):
+        print(answer.detail)
+        return 1
+    word = "approved" if approve else "declined"
+    print(f"call {args.call_id} of session {args.session} {word}; its turn resumes now")
+    return 0
