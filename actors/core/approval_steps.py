@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Protocol
 
 from actors.core.approvals import ApprovalPolicy, declined_text, stored_approval
-from actors.core.dispatch import Registry
+from actors.core.dispatch import CALL_TOOL, ArgumentError, Registry, unwrap_call_tool
 from actors.core.session_state import SessionState, unanswered_text
 from actors.core.turn_effects import (
     Announce,
@@ -104,7 +104,7 @@ def run_or_wait(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
         wait.held[call.id] = work
         return []
     policy = turn.approvals
-    if policy is None or not policy.needs(call.name):
+    if policy is None or not policy.needs(_tool_of(call)):
         return work
     entry = stored_approval(
         turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s
@@ -114,6 +114,17 @@ def run_or_wait(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
     wait.storing[request_id] = entry
     wait.asked.append(call.id)
     return [AskApproval(request_id, entry)]
+
+
+def _tool_of(call: ToolCall) -> str:
+    """The tool ``call`` runs: ``call_tool``'s inner one (else ``call_tool`` would let a model
+    past the approval of any tool), or the call's own."""
+    if call.name == CALL_TOOL:
+        try:
+            return unwrap_call_tool(call.as_written)[0]
+        except ArgumentError:  # not reached: such a call is denied before it could wait
+            pass
+    return call.name
 
 
 def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
