@@ -117,3 +117,46 @@ def test_call_tool_does_not_get_past_an_approval(tmp_path, probe) -> None:
         assert answered(to) == "contents of x"
     finally:
         rt.stop()
+
+
+# Trust.
+
+
+def test_a_tool_denied_to_untrusted_sessions_is_denied_after_an_mcp_result(tmp_path) -> None:
+    files = stdio(tools=("read", "search"), deny_untrusted=("read",))
+    rt = start(tmp_path / "home", {"files": files}, approvals={"tools": ["files__read"]})
+    try:
+        with LogWatch() as log:
+            # Trusted still: the call waits for a person as listed, then runs on the server.
+            to = Probe.start(rt.directory)
+            events = Events(rt)
+            rt.send_turn("s", 'files__read {"path": "first"}', reply_to=to.address)
+            rt.approve("s", events.wait(requested("s"), timeout=WAIT).call_id)
+            assert answered(to) == "contents of first"
+            to.stop()
+            log.wait_for("read first")
+            # Untrusted now (that result): denied at once, nobody asked, nothing sent.
+            assert text_of(rt, "s", 'files__read {"path": "second"}') == (
+                "Denied: this session has read untrusted data: "
+                "mcp.files.deny_untrusted names read."
+            )
+            assert rt.pending_approvals() == ()
+            # Whatever its origin, the built-in remember is denied to it too.
+            assert text_of(rt, "s", 'remember {"text": "x"}').startswith(
+                "Denied: this session has read untrusted data: it may not write to memory"
+            )
+            # A tool the option does not name still runs for it; it was the next to reach
+            # the server (its stderr is in order).
+            assert text_of(rt, "s", 'files__search {"word": "w", "limit": 1}') == "w 0"
+            rt.stop()
+        assert not any("read second" in line for line in log.lines)
+    finally:
+        rt.stop()
+
+
+def test_deny_untrusted_must_name_listed_tools() -> None:
+    bad = McpServerConfig(command=("x",), tools=("read",), deny_untrusted=("write",))
+    assert bad.check("files") == "mcp.files.deny_untrusted names write, which tools leaves out"
+    twice = McpServerConfig(command=("x",), deny_untrusted=("w", "w"))
+    assert twice.check("files") == "mcp.files.deny_untrusted names a tool twice"
+    assert McpServerConfig(command=("x",), deny_untrusted=("w",)).check("files") is None
