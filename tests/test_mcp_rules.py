@@ -19,7 +19,7 @@ from actors import Config, Runtime
 from actors.core.config import AgentConfig
 from actors.core.mcp_config import McpServerConfig
 from actors.testing import Probe, ScriptedModel
-from messages import ApprovalSettled, ToolCallFinished, TurnCompleted
+from messages import ApprovalSettled, TurnCompleted
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,7 +80,9 @@ def test_an_mcp_call_named_in_approvals_waits_and_runs_once_approved(tmp_path, p
         rt.stop()
 
 
-def test_a_server_pattern_waits_and_a_declined_call_never_reaches_the_server(tmp_path, probe) -> None:
+def test_a_server_pattern_waits_and_a_declined_call_never_reaches_the_server(
+    tmp_path, probe
+) -> None:
     rt = start(tmp_path / "home", {"files": stdio()}, approvals={"tools": ["files__*"]})
     events = Events(rt)
     to = answers(rt, probe)
@@ -137,8 +139,7 @@ def test_a_tool_denied_to_untrusted_sessions_is_denied_after_an_mcp_result(tmp_p
             log.wait_for("read first")
             # Untrusted now (that result): denied at once, nobody asked, nothing sent.
             assert text_of(rt, "s", 'files__read {"path": "second"}') == (
-                "Denied: this session has read untrusted data: "
-                "mcp.files.deny_untrusted names read."
+                "Denied: this session has read untrusted data: mcp.files.deny_untrusted names read."
             )
             assert rt.pending_approvals() == ()
             # Whatever its origin, the built-in remember is denied to it too.
