@@ -36,8 +36,8 @@ def text_of(rt: Runtime, session: str, text: str) -> str:
 
 
 @pytest.fixture
-def probe(request: pytest.FixtureRequest) -> Any:
-    """Made per runtime by :func:`answers`; stopped at the end."""
+def probe() -> Any:
+    """The probes :func:`answers` makes in a test, stopped at its end."""
     made: list[Probe] = []
     yield made
     for p in made:
