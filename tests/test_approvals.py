@@ -537,7 +537,8 @@ def test_a_tool_reached_through_call_tool_waits_as_if_called_directly(loopd_runt
     events = Events(rt)
     rt.send_turn("s", "ship it")
     request = events.wait(requested())
-    assert (request.call_id, request.tool) == (1, "deploy")
+    assert (request.call_id, request.tool) == (1, "call_tool")  # as the model wrote it
+    assert json.loads(request.arguments)["name"] == "deploy"
     assert ran == []
     assert isinstance(rt.deny("s", 1, "not today"), ApprovalSettled)
     assert events.wait(ended()).completed

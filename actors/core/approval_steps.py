@@ -112,8 +112,9 @@ def run_or_wait(
     routed = tool or call.name
     if policy is None or not (policy.needs(call.name) or policy.needs(routed)):
         return work
+    # The request shows the call as the model wrote it (``call_tool`` and its inner call).
     entry = stored_approval(
-        turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s, routed
+        turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s
     )
     request_id = next(turn.ids)
     wait.held[call.id] = work

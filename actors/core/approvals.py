@@ -86,19 +86,13 @@ def approval_policies(config: Config, marked: Iterable[str] = ()) -> dict[str, A
 
 
 def stored_approval(
-    session: str,
-    call: ToolCall,
-    untrusted: bool,
-    at: datetime,
-    timeout_s: float,
-    tool: str | None = None,
+    session: str, call: ToolCall, untrusted: bool, at: datetime, timeout_s: float
 ) -> StoredApproval:
-    """The record of ``call`` waiting from ``at``, with its deadline; ``tool`` is the tool it
-    runs (``call_tool``'s inner one), ``call.name`` if not given."""
+    """The record of ``call`` waiting from ``at``, with its deadline."""
     request = ApprovalRequested(
         session=session,
         call_id=call.id,
-        tool=tool or call.name,
+        tool=call.name,
         arguments=call.as_written,
         untrusted=untrusted,
         at=at,

@@ -57,6 +57,9 @@ class McpServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     """False: every result marks the calling session untrusted."""
     timeout_s: float = 60.0
     """How long the start waits for the server's tool list, and a call for its answer."""
+    deny_untrusted: tuple[str, ...] = ()
+    """The server's tools (its own names, ``write``) denied to a session that has read
+    untrusted data, as ``remember`` is: the server cannot know the session's flag."""
 
     def check(self, name: str) -> str | None:
         """Why this table cannot be ``[mcp.<name>]``, naming the key; None if it can. Values of
@@ -102,6 +105,12 @@ class McpServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
                 return f"{key}.headers_env.{header}: {variable!r} is not a variable name"
         if self.tools is not None and len(set(self.tools)) != len(self.tools):
             return f"{key}.tools names a tool twice"
+        if len(set(self.deny_untrusted)) != len(self.deny_untrusted):
+            return f"{key}.deny_untrusted names a tool twice"
+        listed = set(self.deny_untrusted if self.tools is None else self.tools)
+        left_out = sorted(set(self.deny_untrusted) - listed)
+        if left_out:
+            return f"{key}.deny_untrusted names {', '.join(left_out)}, which tools leaves out"
         if not math.isfinite(self.timeout_s) or not 0 < self.timeout_s <= _MAX_TIMEOUT_S:
             return (
                 f"{key}.timeout_s must be a finite number of seconds above 0 and at most "

@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from actors.core.mcp_config import MCP_SEPARATOR
-from messages import ToolSpec
+from messages import DenyReason, ToolSpec, denial_message
 
-__all__ = ["TOOL_NAME", "McpCatalog", "McpTool", "joined_name", "mcp_server_of"]
+__all__ = [
+    "TOOL_NAME",
+    "McpCatalog",
+    "McpTool",
+    "joined_name",
+    "mcp_server_of",
+    "untrusted_denial",
+]
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What a joined name ``<server>__<tool>`` must be to be listed to a model."""
@@ -45,6 +52,16 @@ class McpTool:
     tool: str
     spec: ToolSpec
     check: Callable[[str], str | None]
+    deny_untrusted: bool = False
+    """``[mcp.NAME] deny_untrusted`` names it: an untrusted session's call is denied."""
+
+
+def untrusted_denial(tool: McpTool | None) -> str | None:
+    """The denial of an untrusted session's call of ``tool``, or None if the call may run."""
+    if tool is None or not tool.deny_untrusted:
+        return None
+    detail = f"mcp.{tool.server}.deny_untrusted names {tool.tool}"
+    return denial_message(DenyReason.UNTRUSTED, detail)
 
 
 _EMPTY: Mapping[str, McpTool] = MappingProxyType({})

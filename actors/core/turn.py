@@ -49,6 +49,7 @@ from actors.core.dispatch import (
 )
 from actors.core.dispatch import dispatch as route_call
 from actors.core.limits import Limits
+from actors.core.mcp_tools import untrusted_denial
 from actors.core.output import Done, FinalAnswer
 from actors.core.session_state import (
     SessionState,
@@ -528,6 +529,9 @@ class Turn:
                 route = Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), True)
             if self.output is not None:
                 route = output_steps.final_answer_route(self, self.output, call, route)
+            if isinstance(route, ToPort) and self.state.untrusted:
+                denial = untrusted_denial(self.registry.mcp_tool(route.name))
+                route = route if denial is None else Answered(denial, True)
             # A call that passed every check runs now, or waits for a person.
             if isinstance(route, ToPort):
                 work: list[Effect] = [CallPort(call.id, route.name, route.arguments)]

@@ -279,7 +279,10 @@ class McpService:
 
     async def _list(self, server: _Server, session: Any) -> None:
         """List ``server``'s tools, publish them, and say it is up."""
-        found = listing(server.name, await list_all_tools(session), server.config.tools)
+        config = server.config
+        found = listing(
+            server.name, await list_all_tools(session), config.tools, config.deny_untrusted
+        )
         self.catalog.publish(server.name, found.tools)
         names = tuple(sorted(tool.spec.name for tool in found.tools))
         server.why = ""

@@ -1,8 +1,8 @@
-"""The ``loopd`` command line: demo, run, repl, serve, sessions, approvals, approve, deny.
+"""The ``loopd`` command line: demo, run, repl, serve, sessions, approvals, approve, deny, mcp.
 
-Exit codes: 0 done; 1 the turn failed (or a decision was refused); 2 bad input (flags, config,
-ids, files, a home a runtime holds); 124 ``run --timeout`` ran out (the turn was cancelled); 130
-interrupted.
+Exit codes: 0 done; 1 the turn failed (or a decision was refused, or ``loopd mcp`` found a
+server down); 2 bad input (flags, config, ids, files, a home a runtime holds); 124 ``run
+--timeout`` ran out (the turn was cancelled); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import msgspec
 from actors.core.config import Config, ConfigError, check_wait
 from actors.core.text import escape_controls, redact
 from actors.runtime import Runtime
-from actors.shells import approvals_cli, client
+from actors.shells import approvals_cli, client, mcp_cli
 from actors.shells.render import EventPrinter, table
 from actors.shells.serve import event_line
 from actors.shells.views import show_session, show_session_json
@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopd",
         description="An actor runtime for LLM agent sessions, with subagents.",
-        epilog="exit codes: 0 done, 1 the turn failed or a decision was refused, 2 bad input, "
+        epilog="exit codes: 0 done, 1 the turn failed, a decision was refused or an MCP server "
+        "is down, 2 bad input, "
         f"{EXIT_TIMEOUT} run --timeout ran out, 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"loopd {_version()}")
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         client.add_client_flags(sub.choices[name])
         local = sub.choices[name].get_default("fn")
         sub.choices[name].set_defaults(fn=_or_service(local, remote))
+    mcp_cli.add_commands(sub, common, _config)
     return parser
 
 

@@ -139,11 +139,18 @@ class Listing:
     skipped: tuple[str, ...]
 
 
-def listing(server: str, tools: Iterable[types.Tool], allowed: Iterable[str] | None) -> Listing:
+def listing(
+    server: str,
+    tools: Iterable[types.Tool],
+    allowed: Iterable[str] | None,
+    deny_untrusted: Iterable[str] = (),
+) -> Listing:
     """The tools of ``server`` loopd lists: those in ``allowed`` (the config's ``tools``; None:
     all), whose joined name is a valid tool name and whose input schema is a valid JSON
-    schema. The others of ``allowed`` are named in ``skipped`` (and logged)."""
+    schema. The others of ``allowed`` are named in ``skipped`` (and logged). Those in
+    ``deny_untrusted`` are marked so (denied to untrusted sessions)."""
     allow = None if allowed is None else set(allowed)
+    denied = set(deny_untrusted)
     kept: list[McpTool] = []
     skipped: list[str] = []
     for tool in tools:
@@ -173,7 +180,7 @@ def listing(server: str, tools: Iterable[types.Tool], allowed: Iterable[str] | N
             skipped.append(tool.name)
             continue
         spec = ToolSpec(name, tool.description or "", dict(tool.input_schema))
-        kept.append(McpTool(server, tool.name, spec, check))
+        kept.append(McpTool(server, tool.name, spec, check, tool.name in denied))
     return Listing(tuple(kept), tuple(skipped))
 
 

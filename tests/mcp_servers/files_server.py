@@ -28,6 +28,7 @@ def say(text: str) -> None:
 
 @server.tool(description="Read a file by its path.")
 def read(path: str) -> str:
+    say(f"read {path}")
     return f"contents of {path}"
 
 
