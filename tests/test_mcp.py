@@ -339,6 +339,47 @@ def test_a_server_that_cannot_start_is_tried_again_with_doubling_backoff() -> No
             assert service.stop(WAIT)
 
 
+def own_server_pids() -> set[int]:
+    """The live test-server processes this process started (another xdist worker's are not
+    its children)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"files_server" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def test_a_server_that_was_up_is_started_again_after_the_shortest_wait() -> None:
+    # The backoff doubles while a server cannot start; one that came up and died later waits
+    # the shortest time again, so a server that crashes now and then never waits 60 s.
+    service = McpService(
+        {"files": stdio()},
+        McpCatalog(["files"]),
+        Directory(),
+        result_cap=1000,
+        backoff=(0.05, 0.2),
+    )
+    with LogWatch() as log:
+        service.start()
+        try:
+            for life in (1, 2, 3):
+                log.wait_for_count(r"MCP server files is up", life)
+                (pid,) = own_server_pids()
+                os.kill(pid, signal.SIGKILL)
+                log.wait_for_count(r"starting it again in 0\.05 s", life)
+            assert not [line for line in log.lines if "starting it again in 0.1 s" in line]
+        finally:
+            assert service.stop(WAIT)
+
+
 def test_a_server_killed_mid_call_answers_the_call_and_comes_back(tmp_path) -> None:
     rt, _ = start(tmp_path / "home", {"files": stdio()})
     events: list[Any] = []

@@ -86,6 +86,7 @@ class _Server:
     why: str = "it is starting"
     scope: anyio.CancelScope | None = None  # made on the loop (anyio needs one running)
     calls: set[Hashable] = field(default_factory=set)
+    came_up: bool = False  # this life listed its tools: the next restart waits the least again
 
 
 @dataclass
@@ -213,13 +214,17 @@ class McpService:
         server.scope = anyio.CancelScope()
         if self._stopping:
             return
+        first = delay
         with server.scope:
             while not self._stopping:
+                server.came_up = False
                 why = await self._life(server)
                 if self._stopping:
                     return
                 if why is not None:
                     self._down(server, why)
+                if server.came_up:  # it was up: a crash now and then waits 1 s, not 60
+                    delay = first
                 log.warning("MCP server %s: starting it again in %g s", server.name, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, longest)
@@ -286,6 +291,7 @@ class McpService:
         self.catalog.publish(server.name, found.tools)
         names = tuple(sorted(tool.spec.name for tool in found.tools))
         server.why = ""
+        server.came_up = True
         self._event(McpServerUp(server=server.name, tools=names, skipped=found.skipped))
         log.info("MCP server %s is up: %s", server.name, ", ".join(names) or "no tools")
 
