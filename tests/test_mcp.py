@@ -339,24 +339,6 @@ def test_a_server_that_cannot_start_is_tried_again_with_doubling_backoff() -> No
             assert service.stop(WAIT)
 
 
-def own_server_pids() -> set[int]:
-    """The live test-server processes this process started (another xdist worker's are not
-    its children)."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"files_server" in cmdline:
-            pids.add(int(entry.name))
-    return pids
-
-
 def test_a_server_that_was_up_is_started_again_after_the_shortest_wait() -> None:
     # The backoff doubles while a server cannot start; one that came up and died later waits
     # the shortest time again, so a server that crashes now and then never waits 60 s.
@@ -372,8 +354,9 @@ def test_a_server_that_was_up_is_started_again_after_the_shortest_wait() -> None
         try:
             for life in (1, 2, 3):
                 log.wait_for_count(r"MCP server files is up", life)
-                (pid,) = own_server_pids()
-                os.kill(pid, signal.SIGKILL)
+                log.wait_for_count(r"serving stdio in \d+", life)
+                pids = re.findall(r"serving stdio in (\d+)", "\n".join(log.lines))
+                os.kill(int(pids[life - 1]), signal.SIGKILL)  # this life's process
                 log.wait_for_count(r"starting it again in 0\.05 s", life)
             assert not [line for line in log.lines if "starting it again in 0.1 s" in line]
         finally:

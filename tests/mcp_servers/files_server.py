@@ -117,6 +117,7 @@ def main() -> None:
         port = int(args[args.index("--http") + 1])
         server.run("streamable-http", host="127.0.0.1", port=port)
         return
+    say(f"serving stdio in {os.getpid()}")  # tests that kill a live server read its pid here
     server.run()
 
 
