@@ -187,15 +187,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.chat._log_request("POST", self.path)
             self._send(_json_error(404, f"no such path: {self.path}"))
             return
-        self._number, self._slot = 0, None
+        self._number, self._slot, self._over_told = 0, None, False
         try:
             self._post()
         except (_ClientGone, ConnectionError):
             self.close_connection = True
             self.server.chat._record_closed(self._number, self._slot)
         finally:
-            if self._number:
-                self.server.chat._request_over(self._slot)
+            self._over()
+
+    def _over(self) -> None:
+        """The request is no longer in flight on its slot (once: a second call does nothing)."""
+        if self._number and not self._over_told:
+            self._over_told = True
+            self.server.chat._request_over(self._slot)
 
     def _post(self) -> None:
         """Answer one chat request; ``_number`` and ``_slot`` say which, once it counts."""
@@ -228,7 +233,12 @@ class _Handler(BaseHTTPRequestHandler):
         elif isinstance(step, Endless):
             self._endless(step.chunk)
         else:
-            self._send(chat._response(step, body, number))
+            response = chat._response(step, body, number)
+            # The slot is free once the answer is made, before its bytes go out, as llama.cpp
+            # frees a slot when generation ends: a client that reads the answer and sends the
+            # next request on another connection at once must not look like an overlap.
+            self._over()
+            self._send(response)
 
     def do_GET(self) -> None:
         self.server.chat._log_request("GET", self.path)
