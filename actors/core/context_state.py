@@ -150,6 +150,7 @@ class ContextState(BackgroundSpawns):
         """The Context stops: answer every held turn CANCELLED and tell every running one to
         stop working."""
         effects: Effects = self._stop_waiting()
+        parks = self.desk.parks_at_stop()  # a family whose call waits parks, children too
         for hold in self.holds.drain():
             if hold.answered:
                 continue
@@ -170,14 +171,13 @@ class ContextState(BackgroundSpawns):
                     detail=detail,
                 )
                 # Its parent is being cancelled too: no SubagentFailed.
-                effects += self._tell_live(
-                    hold, Cancel(FailReason.CANCELLED, detail), otherwise=(Emit(ended),)
-                )
+                cancel = self.desk.stop_cancel(parks, hold.session, detail)
+                effects += self._tell_live(hold, cancel, otherwise=(Emit(ended),))
                 continue
             told = Reply(hold.reply_to, TurnFailed(hold.session, FailReason.CANCELLED, detail))
             answer = tuple(hold.failure(FailReason.CANCELLED, detail))
             # park: a call waiting for a person stays stored, for the next start to resume.
-            cancel = Cancel(FailReason.CANCELLED, detail, park=True)
+            cancel = self.desk.stop_cancel(parks, hold.session, detail)
             effects += self._tell_live(hold, cancel, then=(told,), otherwise=answer)
         return effects
 
