@@ -27,6 +27,7 @@ __all__ = [
     "ListApprovals",
     "Park",
     "Parked",
+    "RecordSpent",
     "Resume",
     "SettleApproval",
     "StoreApproval",
@@ -118,6 +119,15 @@ class DropApprovals(Message, frozen=True):
 
     session: SessionId
     call_ids: tuple[CallId, ...]
+
+
+class RecordSpent(Message, frozen=True):
+    """At a stop: what the family of ``session`` has spent by now (``loop.token_budget``), kept
+    with its calls ``call_ids`` that wait for a person, if they still wait (no answer)."""
+
+    session: SessionId
+    call_ids: tuple[CallId, ...]
+    spent: int
 
 
 class ListApprovals(Message, frozen=True):

@@ -29,6 +29,7 @@ from approval_kit import (
     tool_texts,
 )
 
+from actors import port_tool
 from actors.testing import calls, reply, with_usage
 from messages import (
     ApprovalRefused,
@@ -342,3 +343,50 @@ def test_a_childs_call_decided_from_the_shell_resumes_the_family_at_the_start(
     ]
     assert parent[-1].content == "sub-s-1 completed\nDenied: a person declined this call: later."
     assert ran == []
+
+
+a_waits = threading.Event()
+
+
+@port_tool
+def gate() -> str:
+    """Return once the other child's call waits for a person."""
+    a_waits.wait(WAIT)
+    return "open"
+
+
+def spending_script(request: ModelRequest) -> Any:
+    """``s`` spawns two children: ``sub-s-1`` deploys (20 tokens an answer), ``sub-s-2`` goes
+    through ``gate`` and then answers for 40 tokens, after ``sub-s-1``'s call waits."""
+    last = request.messages[-1]
+    if request.session == "s":
+        if last.role == "user":
+            two = calls(("subagent", {"task": "deploy"}), ("subagent", {"task": "wait"}))
+            return with_usage(two, 10, 10)
+        return with_usage(reply(tool_texts(request)), 10, 10)
+    if request.session == "sub-s-1":
+        answer = calls(("deploy", {"env": "prod"})) if last.role == "user" else reply("done")
+        return with_usage(answer, 10, 10)
+    if last.role == "user":
+        return calls(("gate", {}))
+    return with_usage(reply("waited"), 30, 10)
+
+
+def test_what_the_family_spent_after_the_call_began_to_wait_is_kept_too(loopd_runtime) -> None:
+    # Before the stop: s 20, sub-s-1 20 (then its call waits), sub-s-2 40 after that. After
+    # the start sub-s-1's last answer brings it to 100: s's next request is refused. Counted
+    # only up to when the call began to wait (40), s would have gone on.
+    a_waits.clear()
+    rt = loopd_runtime(spending_script, tools=[deploy, gate], loop={"token_budget": 100})
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested("sub-s-1"))
+    a_waits.set()
+    events.wait(lambda e: isinstance(e, SubagentFinished) and e.child == "sub-s-2")
+    rt.stop()
+    again = loopd_runtime(spending_script, tools=[deploy, gate], config=rt.config)
+    later = Events(again)
+    assert isinstance(again.approve("sub-s-1", 1), ApprovalSettled)
+    end = later.wait(ended())
+    assert (end.completed, end.reason) == (False, "budget")
+    assert "spent 100 tokens" in end.detail

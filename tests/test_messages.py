@@ -341,6 +341,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.SettleApproval: lambda: messages.SettleApproval("mm-thread", 3, False, "no"),
     messages.DropApprovals: lambda: messages.DropApprovals("mm-thread", (3, 4)),
     messages.ListApprovals: lambda: messages.ListApprovals(),
+    messages.RecordSpent: lambda: messages.RecordSpent("mm-thread", (3, 4), 120),
     messages.Park: lambda: messages.Park(),
     messages.Parked: lambda: messages.Parked("mm-thread", 3, True),
     messages.Resume: lambda: messages.Resume(

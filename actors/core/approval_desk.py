@@ -61,6 +61,7 @@ from messages import (
     FailReason,
     Park,
     Parked,
+    RecordSpent,
     Resume,
     SettleApproval,
     StoreApproval,
@@ -192,6 +193,20 @@ class ApprovalDesk:
                 kept.setdefault(hold.parent, set()).add(hold.call_id)
                 hold = holds.get(hold.parent)
         return {session: tuple(sorted(ids)) for session, ids in kept.items()}
+
+    def record_spent(self) -> Effects:
+        """At a stop, with ``loop.token_budget``: what each waiting call's family has spent by
+        now goes into its rows, so the next start counts on from there."""
+        budgets = self.state.budgets
+        if budgets is None:
+            return []
+        calls: dict[str, list[int]] = {}
+        for request in self.book.pending():
+            calls.setdefault(request.session, []).append(request.call_id)
+        return [
+            ToStore(RecordSpent(session, tuple(ids), budgets.spent(session)))
+            for session, ids in sorted(calls.items())
+        ]
 
     def stop_cancel(self, parks: dict[str, tuple[int, ...]], session: str, detail: str) -> Cancel:
         """What a stop tells ``session``'s turn (see :meth:`parks_at_stop`); a top-level turn

@@ -67,6 +67,16 @@ class ApprovalRows:
             done: bool = self.settle_approval_in(cur, session, call_id, approved, reason)
             return done
 
+    def record_spent_in(self, cur: Any, session: str, call_ids: Sequence[int], spent: int) -> None:
+        """Keep ``spent`` (the family's tokens so far) with ``session``'s rows for ``call_ids``
+        that still wait (a decided row keeps what it has)."""
+        q = self.dialect.q
+        for call_id in call_ids:
+            row = cur.execute(q.approval_body, (session, call_id)).fetchone()
+            if row is not None:
+                entry = msgspec.structs.replace(_DECODER.decode(bytes(row[0])), spent=spent)
+                cur.execute(q.respend, (_ENCODER.encode(entry), session, call_id))
+
     def drop_approvals_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
         """Forget ``session``'s rows for ``call_ids`` (answered, or cancelled)."""
         for call_id in call_ids:
