@@ -282,6 +282,7 @@ def test_the_untrusted_flag_is_shown_and_denials_are_kept(loopd_runtime) -> None
     rt = loopd_runtime(untrusted_script, tools=[deploy, fetch], approvals={"tools": ["remember"]})
     events = Events(rt)
     assert isinstance(rt.run_turn("s", "read", timeout=WAIT), TurnCompleted)
+    events.wait(ended())  # the event may reach us after the reply: mark after it
     since = events.mark()
     rt.send_turn("s", "now deploy")
     request = events.wait(requested())

@@ -390,3 +390,36 @@ def test_what_the_family_spent_after_the_call_began_to_wait_is_kept_too(loopd_ru
     end = later.wait(ended())
     assert (end.completed, end.reason) == (False, "budget")
     assert "spent 100 tokens" in end.detail
+
+
+def typed_script(request: ModelRequest) -> Any:
+    """``s`` asks the typed ``counter`` child, which deploys and then answers in JSON."""
+    last = request.messages[-1]
+    if request.session == "s":
+        if last.role == "user":
+            return calls(("subagent", {"task": "count", "agent": "counter"}))
+        return reply(tool_texts(request))
+    if last.role == "user":
+        return calls(("deploy", {"env": "prod"}))
+    return calls(("final_answer", {"servers": 12, "where": "prod and eu"}))
+
+
+def test_a_typed_childs_answer_reaches_its_parent_uncut_after_a_restart(
+    loopd_runtime, loopd_config
+) -> None:
+    # summary_chars is 8: the child's JSON is longer, and a typed child's JSON is never cut.
+    from actors.core.config import AgentConfig
+
+    schema = {
+        "type": "object",
+        "properties": {"servers": {"type": "integer"}, "where": {"type": "string"}},
+        "required": ["servers", "where"],
+    }
+    config = loopd_config.replace(agents={"counter": AgentConfig(output_schema=schema)})
+    _request, rt, events = _stopped_while_the_child_waits(
+        loopd_runtime, typed_script, config=config, compact={"summary_chars": 8}
+    )
+    assert isinstance(rt.approve("sub-s-1", 1), ApprovalSettled)
+    assert events.wait(ended()).completed
+    parent = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
+    assert parent == ['sub-s-1 completed\n{"servers":12,"where":"prod and eu"}']

@@ -414,6 +414,8 @@ class ContextState(BackgroundSpawns):
             return self._wrong_agent(hold, msg.record.agent)
         if not output_fits(hold.output, output_spec(msg.record.baseline)):
             return self._wrong_output(hold)
+        if hold.is_child:  # resumed after a restart: a typed child's JSON reaches its parent uncut
+            hold.output = output_spec(msg.record.baseline)
         return self._start_session(msg.record, hold.run_turn())
 
     def _wrong_output(self, hold: Hold) -> Effects:
