@@ -4,8 +4,8 @@
 the CLI, the REPL); a decision for a call that is not waiting is answered ``ApprovalRefused``.
 The rest travel inside the runtime: the Context tells the session its ``ApprovalDecision``,
 the store keeps each waiting call as a ``StoredApproval`` (``StoreApproval``,
-``SettleApproval``, ``DropApprovals``), and ``Resume`` continues a turn cut off while it
-waited.
+``SettleApproval``, ``DropApprovals``), and ``Resume`` continues a turn cut off while it (or
+a child of it) waited.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from datetime import datetime
 from messages.base import Message
 from messages.events import ApprovalRequested
 from messages.ids import CallId, SessionId
+from messages.turns import SubagentCompleted, SubagentFailed
 
 __all__ = [
     "ApprovalDecision",
@@ -26,6 +27,7 @@ __all__ = [
     "ListApprovals",
     "Park",
     "Parked",
+    "RecordSpent",
     "Resume",
     "SettleApproval",
     "StoreApproval",
@@ -86,6 +88,12 @@ class StoredApproval(Message, frozen=True):
     deadline: datetime
     approved: bool | None = None
     reason: str = ""
+    spent: int = 0
+    """With ``loop.token_budget``: what the call's family had spent when it began to wait, so
+    a turn resumed after a restart goes on counting from there."""
+    background: bool = False
+    """The call is a background child's (or a descendant's): no parent's call waits for it,
+    so a restart drops it."""
 
 
 class StoreApproval(Message, frozen=True):
@@ -113,6 +121,15 @@ class DropApprovals(Message, frozen=True):
     call_ids: tuple[CallId, ...]
 
 
+class RecordSpent(Message, frozen=True):
+    """At a stop: what the family of ``session`` has spent by now (``loop.token_budget``), kept
+    with its calls ``call_ids`` that wait for a person, if they still wait (no answer)."""
+
+    session: SessionId
+    call_ids: tuple[CallId, ...]
+    spent: int
+
+
 class ListApprovals(Message, frozen=True):
     """Asked of the store: every stored approval, oldest first."""
 
@@ -124,6 +141,11 @@ class Resume(Message, frozen=True):
 
     decisions: tuple[ApprovalDecision, ...] = ()
     waiting: tuple[CallId, ...] = ()
+    children: tuple[CallId, ...] = ()
+    """``subagent`` calls whose child still waits for a person: they stay open, and the
+    child's outcome answers them later, as a running child's does."""
+    answers: tuple[SubagentCompleted | SubagentFailed, ...] = ()
+    """The outcomes of children that waited, each answering its ``subagent`` call."""
 
 
 class Park(Message, frozen=True):

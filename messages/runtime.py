@@ -309,6 +309,9 @@ class Cancel(Message, frozen=True):
     detail: str
     park: bool = False
     """The runtime stops: a call waiting for a person keeps waiting (stored), unanswered."""
+    keep: tuple[CallId, ...] = ()
+    """With ``park``: ``subagent`` calls whose child waits for a person (or a descendant of
+    it does); they stay unanswered too, for the child's outcome after the next start."""
 
 
 class CancelModelRequest(Message, frozen=True):

@@ -1,12 +1,14 @@
 """The process tests/test_approvals.py kills: one turn whose call waits for a person.
 
-    python tests/approval_driver.py HOME [MAX_SECONDS]
+    python tests/approval_driver.py HOME [MAX_SECONDS] [family]
 
 It starts a Runtime on HOME with the ``deploy`` tool (which needs a yes) and ``status``, runs
 one turn on session ``s`` whose answer calls both, and prints one JSON line once the
 ``ApprovalRequested`` is published and ``status`` has finished:
 ``{"call_id": 1, "tool": "deploy", "at": "..."}``. Then it waits to be killed (SIGKILL); it
 exits by itself after MAX_SECONDS (default 60) so that it never outlives a lost test run.
+With ``family``, ``s`` delegates to a child (``sub-s-1``) whose call of ``deploy`` waits; the
+line comes once that child's request is published.
 
 A helper script, not a test module.
 """
@@ -50,10 +52,21 @@ def script(request: ModelRequest) -> Any:
     return reply("\n".join(m.content or "" for m in request.messages if m.role == "tool"))
 
 
+def family_script(request: ModelRequest) -> Any:
+    """``s`` delegates; its child calls ``deploy``; each then answers with its tools' texts."""
+    if request.messages[-1].role != "user":
+        return script(request)
+    if request.session == "s":
+        return calls(("subagent", {"task": "deploy prod"}))
+    return calls(("deploy", {"env": "prod"}))
+
+
 def main() -> None:
     home = sys.argv[1]
     max_seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
-    rt = Runtime.start(Config(home=home), model=ScriptedModel(script), tools=[deploy, status])
+    family = sys.argv[3:] == ["family"]
+    model = ScriptedModel(family_script if family else script)
+    rt = Runtime.start(Config(home=home), model=model, tools=[deploy, status])
     seen: dict[str, Any] = {}
     ready = threading.Event()
 
@@ -62,7 +75,7 @@ def main() -> None:
             seen["request"] = event
         if isinstance(event, ToolCallFinished) and event.name == "status":
             seen["status"] = event
-        if len(seen) == 2:
+        if "request" in seen and (family or "status" in seen):
             ready.set()
 
     rt.subscribe(on_event)
@@ -70,7 +83,12 @@ def main() -> None:
     if not ready.wait(max_seconds):
         sys.exit("approval_driver: no ApprovalRequested in time")
     request = seen["request"]
-    line = {"call_id": request.call_id, "tool": request.tool, "at": request.at.isoformat()}
+    line = {
+        "session": request.session,
+        "call_id": request.call_id,
+        "tool": request.tool,
+        "at": request.at.isoformat(),
+    }
     print(json.dumps(line), flush=True)
     threading.Event().wait(max_seconds)  # until SIGKILL
     sys.exit("approval_driver: not killed in time")

@@ -139,3 +139,25 @@ def two_deploys(request: ModelRequest) -> Any:
     if request.messages[-1].role == "user":
         return calls(("deploy", {"env": "prod"}), ("deploy", {"env": "eu"}))
     return reply(tool_texts(request))
+
+
+def family_script(request: ModelRequest) -> Any:
+    """The parent delegates; the child calls deploy, then answers with its tools' texts."""
+    last = request.messages[-1]
+    if request.session == "barrier":
+        return reply("ok")
+    if request.session == "s":
+        if last.role == "user":
+            return calls(("subagent", {"task": "deploy prod"}))
+        return reply(tool_texts(request))
+    if last.role == "user":
+        return calls(("deploy", {"env": "prod"}))
+    return reply(tool_texts(request))
+
+
+def answered_once(transcript: list[Any]) -> list[int]:
+    """The call ids of ``transcript``, checked to be answered exactly once each, in order."""
+    made = [c.id for m in transcript for c in m.tool_calls]
+    answered = sorted(m.tool_call_id for m in transcript if m.role == "tool")
+    assert made == answered, (made, answered)
+    return made

@@ -4,8 +4,10 @@ traces, and which calls wait. Real actors, a real SQLite store; every wait has a
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import pytest
 from approval_kit import (
     WAIT,
     Events,
@@ -195,3 +197,35 @@ def test_results_go_to_the_model_in_call_order_whatever_order_they_were_stored_i
     calls_left, start = open_calls((ask, answer, two))
     assert ([c.id for c in calls_left], start) == ([1], 0)
     assert open_calls(in_order) == ([], 0)
+
+
+@pytest.mark.skipif(
+    os.environ.get("LOOPD_CLUSTER_TESTS") != "1", reason="PostgreSQL runs in tox -e cluster"
+)
+def test_the_cli_refuses_a_decision_behind_a_runtime_on_a_shared_store(
+    loopd_runtime, loopd_config, pg_database, tmp_path: Path, capsys
+) -> None:
+    from actors.core.config import StoreConfig
+    from actors.shells.cli import main
+
+    ran.clear()
+    url = pg_database()
+    rt = loopd_runtime(
+        deploy_script,
+        tools=[deploy, status],
+        config=loopd_config.replace(store=StoreConfig(url=url)),
+    )
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    # Another process's view of the same store: the CLI with its own config file.
+    path = tmp_path / "shell.toml"
+    path.write_text(f'home = "{tmp_path / "shell"}"\n\n[store]\nurl = "{url}"\n')
+    assert main(["approve", "s", "1", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "session s is run by another loopd process now" in err
+    assert "docs/runbook.md#approval-held-elsewhere" in err
+    assert [r.call_id for r in rt.pending_approvals()] == [1]  # nothing was decided behind it
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    assert events.wait(ended()).completed
+    assert ran == ["prod"]

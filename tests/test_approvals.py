@@ -18,6 +18,7 @@ from approval_kit import (
     deploy,
     deploy_script,
     ended,
+    family_script,
     fetch,
     ran,
     requested,
@@ -169,20 +170,6 @@ def test_a_wait_survives_a_sigkill_and_the_turn_completes(loopd_runtime, loopd_c
     )
 
 
-def family_script(request: ModelRequest) -> Any:
-    """The parent delegates; the child calls deploy, then answers with its tools' texts."""
-    last = request.messages[-1]
-    if request.session == "barrier":
-        return reply("ok")
-    if request.session == "s":
-        if last.role == "user":
-            return calls(("subagent", {"task": "deploy prod"}))
-        return reply(tool_texts(request))
-    if last.role == "user":
-        return calls(("deploy", {"env": "prod"}))
-    return reply(tool_texts(request))
-
-
 def test_a_childs_call_waits_naming_the_child_and_is_approved(loopd_runtime) -> None:
     ran.clear()
     rt = loopd_runtime(family_script, tools=[deploy])
@@ -295,6 +282,7 @@ def test_the_untrusted_flag_is_shown_and_denials_are_kept(loopd_runtime) -> None
     rt = loopd_runtime(untrusted_script, tools=[deploy, fetch], approvals={"tools": ["remember"]})
     events = Events(rt)
     assert isinstance(rt.run_turn("s", "read", timeout=WAIT), TurnCompleted)
+    events.wait(ended())  # the event may reach us after the reply: mark after it
     since = events.mark()
     rt.send_turn("s", "now deploy")
     request = events.wait(requested())
@@ -504,22 +492,6 @@ def test_cancelling_a_session_that_waits_since_the_start_drops_its_request(
     assert later.wait(requested(), since=since).call_id == 3
     tools = {m.tool_call_id: m.content for m in rt_history(again, "s") if m.role == "tool"}
     assert tools[1] == "Denied: the turn ended before this call returned a result."
-    assert ran == []
-
-
-def test_at_a_stop_a_childs_wait_ends_with_its_parents_turn(loopd_runtime) -> None:
-    ran.clear()
-    rt = loopd_runtime(family_script, tools=[deploy])
-    events = Events(rt)
-    rt.send_turn("s", "ship it")
-    events.wait(requested("sub-s-1"))
-    rt.stop()
-    again = loopd_runtime(family_script, tools=[deploy], config=rt.config)
-    assert again.pending_approvals() == ()
-    assert isinstance(again.run_turn("barrier", "hi", timeout=WAIT), TurnCompleted)
-    assert stored_approvals(again) == []
-    tools = [m.content for m in rt_history(again, "s") if m.role == "tool"]
-    assert tools == ["sub-s-1 failed"]
     assert ran == []
 
 

@@ -298,7 +298,9 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     ),
     TurnFailed: lambda: TurnFailed(session="mm-thread", reason=FailReason.BUSY, detail="held"),
     TurnStarted: lambda: TurnStarted(session="mm-thread", slot=0, at=AT),
-    messages.Cancel: lambda: messages.Cancel(FailReason.CANCELLED, "by the user", park=True),
+    messages.Cancel: lambda: messages.Cancel(
+        FailReason.CANCELLED, "by the user", park=True, keep=(2,)
+    ),
     messages.ApprovalRequested: lambda: messages.ApprovalRequested(
         session="mm-thread",
         call_id=3,
@@ -322,6 +324,8 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         AT,
         approved=False,
         reason="no",
+        spent=120,
+        background=True,
     ),
     messages.StoreApproval: lambda: messages.StoreApproval(
         "mm-thread",
@@ -337,9 +341,20 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.SettleApproval: lambda: messages.SettleApproval("mm-thread", 3, False, "no"),
     messages.DropApprovals: lambda: messages.DropApprovals("mm-thread", (3, 4)),
     messages.ListApprovals: lambda: messages.ListApprovals(),
+    messages.RecordSpent: lambda: messages.RecordSpent("mm-thread", (3, 4), 120),
     messages.Park: lambda: messages.Park(),
     messages.Parked: lambda: messages.Parked("mm-thread", 3, True),
-    messages.Resume: lambda: messages.Resume((messages.ApprovalDecision(3, True),), (4,)),
+    messages.Resume: lambda: messages.Resume(
+        (messages.ApprovalDecision(3, True),),
+        (4,),
+        (5,),
+        (
+            messages.SubagentCompleted("mm-thread", 6, "sub-mm-thread-6", "done", False),
+            messages.SubagentFailed(
+                "mm-thread", 7, "sub-mm-thread-7", FailReason.CANCELLED, False, "cancelled"
+            ),
+        ),
+    ),
     messages.CancelTurn: lambda: messages.CancelTurn("mm-thread", "by the user"),
     messages.CancelModelRequest: lambda: messages.CancelModelRequest("mm-thread", 12),
     messages.CancelPortCall: lambda: messages.CancelPortCall("mm-thread", 4),

@@ -11,7 +11,11 @@ effects as it does. The rules it keeps:
   is resumed by it, from its stored transcript;
 - ``loop.child_timeout_s`` does not run while a child, or a descendant of it, waits;
 - a session whose call waits after a restart stays held, so a new turn is answered busy, and a
-  cancel drops its requests.
+  cancel drops its requests;
+- a child's call waits across a restart too: at a stop its turn and every ancestor's park (the
+  ancestors' ``subagent`` calls stay open), the next start holds the whole family, a decision
+  resumes the child, and the child's outcome resumes its parent, which answers that call with
+  it (and so on up). A background child's call is dropped: no parent's call waits for it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
+import msgspec
+
 from actors.core.approvals import (
     NOT_WAITING,
     ApprovalBook,
@@ -27,7 +33,7 @@ from actors.core.approvals import (
     CancelApprovalTimer,
     timeout_reason,
 )
-from actors.core.budget import Budgets
+from actors.core.budget import Budgets, parent_of
 from actors.core.config import Config
 from actors.core.context_effects import CancelTimer as CancelChildTimer
 from actors.core.context_effects import (
@@ -49,13 +55,19 @@ from messages import (
     ApprovalSettled,
     ApprovalTimedOut,
     ApproveCall,
+    Cancel,
     DenyCall,
     DropApprovals,
+    FailReason,
     Park,
     Parked,
+    RecordSpent,
     Resume,
     SettleApproval,
+    StoreApproval,
     StoredApproval,
+    SubagentCompleted,
+    SubagentFailed,
 )
 from messages.ids import CHILD_PREFIX
 
@@ -90,8 +102,20 @@ class ApprovalDesk:
         """Children whose ``loop.child_timeout_s`` timer is paused while a call waits."""
         self.parking: dict[str, list[ApprovalDecision]] = {}
         """Sessions told ``Park``, with the decisions that came meanwhile."""
+        self.children: dict[str, set[int]] = {}
+        """Parents held since the start whose ``subagent`` calls wait for a child that waits
+        for a person: the child's outcome resumes the parent."""
 
     # Requests.
+
+    def store(self, msg: StoreApproval) -> Effects:
+        """A session's waiting call goes to the store through here, with what its family has
+        spent (``loop.token_budget``) and whether it is a background child's."""
+        state = self.state
+        spent = state.budgets.spent(msg.session) if state.budgets is not None else 0
+        background = self._background(state.holds.get(msg.session))
+        entry = msgspec.structs.replace(msg.approval, spent=spent, background=background)
+        return [ToStore(msgspec.structs.replace(msg, approval=entry))]
 
     def requested(self, entry: StoredApproval) -> Effects:
         """A session stored a waiting call: publish it, arm its timeout, pause child timers."""
@@ -103,17 +127,17 @@ class ApprovalDesk:
     def restore(self, entries: Sequence[StoredApproval]) -> Effects:
         """At the start: the stored approvals of a runtime that stopped or crashed. Each
         session whose calls wait is held (no actor yet) until a decision resumes it; a decision
-        recorded meanwhile (the CLI) resumes it now. A child's are dropped: its parent's turn
-        ended with the runtime."""
+        recorded meanwhile (the CLI) resumes it now. A child's holds its ancestors too, each
+        waiting in its ``subagent`` call; a background child's is dropped."""
         effects: Effects = []
         decided: dict[str, list[ApprovalDecision]] = {}
         for entry in entries:
             request = entry.request
-            if request.session.startswith(CHILD_PREFIX):
+            if entry.background and request.session.startswith(CHILD_PREFIX):
                 drop = DropApprovals(request.session, (request.call_id,))
                 effects.append(ToStore(drop))
                 continue
-            self._hold(request.session)
+            self._hold_family(request.session, entry.spent)
             if entry.approved is None:
                 self.book.add(entry, live=False)
                 effects.append(self._arm(entry))
@@ -135,6 +159,7 @@ class ApprovalDesk:
     def cancelled(self, session: str) -> Effects:
         """``session``'s turn is cancelled: requests read back at the start are dropped here
         (a live turn drops its own when it ends)."""
+        self.children.pop(session, None)
         waiting = [w for w in self.book.of(session) if not w.live]
         if not waiting:
             return []
@@ -148,7 +173,54 @@ class ApprovalDesk:
         """Whether ``session``'s turn is parked: its calls wait in the store, no actor runs it
         (since the start, or passivated)."""
         waiting = self.book.of(session)
+        if session in self.children and not waiting:  # it waits only for its children
+            return session not in self.state.live
         return bool(waiting) and not any(w.live for w in waiting)
+
+    def parks_at_stop(self) -> dict[str, tuple[int, ...]]:
+        """At a stop: the sessions whose turns park (``Cancel(park=True)``), each with the
+        ``subagent`` calls that stay open for a child that waits for a person (or whose own
+        child does), also one that waits in the store since the start while its parent's
+        turn runs again. Background children park nothing: no parent's call waits for them."""
+        holds = self.state.holds
+        kept: dict[str, set[int]] = {}
+        for session in {r.session for r in self.book.pending()}:
+            hold = holds.get(session)
+            if hold is None or self._background(hold):
+                continue
+            kept.setdefault(session, set())
+            while hold is not None and hold.parent is not None:
+                kept.setdefault(hold.parent, set()).add(hold.call_id)
+                hold = holds.get(hold.parent)
+        return {session: tuple(sorted(ids)) for session, ids in kept.items()}
+
+    def record_spent(self) -> Effects:
+        """At a stop, with ``loop.token_budget``: what each waiting call's family has spent by
+        now goes into its rows, so the next start counts on from there."""
+        budgets = self.state.budgets
+        if budgets is None:
+            return []
+        calls: dict[str, list[int]] = {}
+        for request in self.book.pending():
+            calls.setdefault(request.session, []).append(request.call_id)
+        return [
+            ToStore(RecordSpent(session, tuple(ids), budgets.spent(session)))
+            for session, ids in sorted(calls.items())
+        ]
+
+    def stop_cancel(self, parks: dict[str, tuple[int, ...]], session: str, detail: str) -> Cancel:
+        """What a stop tells ``session``'s turn (see :meth:`parks_at_stop`); a top-level turn
+        always parks what it can."""
+        keep = parks.get(session)
+        park = keep is not None or not session.startswith(CHILD_PREFIX)
+        return Cancel(FailReason.CANCELLED, detail, park=park, keep=keep or ())
+
+    def _background(self, hold: Hold | None) -> bool:
+        while hold is not None:
+            if hold.background:
+                return True
+            hold = self.state.holds.get(hold.parent) if hold.parent is not None else None
+        return False
 
     # Decisions.
 
@@ -205,7 +277,8 @@ class ApprovalDesk:
             return [TellSession(session, live.incarnation, live.ref, decision)]
         if hold is not None and hold.resume is not None:
             waiting = tuple(c for c in hold.resume.waiting if c != decision.call_id)
-            hold.resume = Resume((*hold.resume.decisions, decision), waiting)
+            decisions = (*hold.resume.decisions, decision)
+            hold.resume = msgspec.structs.replace(hold.resume, decisions=decisions, waiting=waiting)
             return []
         return [ToSession(session, decision)]
 
@@ -254,18 +327,63 @@ class ApprovalDesk:
 
     # Resuming a turn that was cut off.
 
+    def _hold_family(self, session: str, spent: int) -> None:
+        """Hold ``session`` and, for a child, every ancestor, each waiting in the ``subagent``
+        call that spawned the one below (the call id is the last part of a child's id); the
+        top-level turn's budget goes on from ``spent``."""
+        self._hold(session)
+        child, parent = session, parent_of(session)
+        while parent is not None:
+            self.children.setdefault(parent, set()).add(int(child.rsplit("-", 1)[1]))
+            self._hold(parent)
+            child, parent = parent, parent_of(parent)
+        if self.state.budgets is not None:
+            self.state.budgets.restore(child, spent)
+
     def _hold(self, session: str) -> None:
         state = self.state
         if state.holds.get(session) is not None:
             return
-        state.holds.hold(Hold(session, ""))
+        parent = parent_of(session)
+        call_id = int(session.rsplit("-", 1)[1]) if parent is not None else 0
+        state.holds.hold(Hold(session, "", parent=parent, call_id=call_id))
         state.idle.busy(session)
-        if state.budgets is not None:
+        if parent is not None:
+            self.paused.add(session)  # its child timer starts once nothing of it waits
+        elif state.budgets is not None:
             state.budgets.open(session)
 
-    def _resume(self, session: str, decisions: list[ApprovalDecision]) -> Effects:
-        """Open ``session`` and continue its turn with ``decisions``; its other calls keep
-        waiting, now for the resumed turn."""
+    def child_answered(
+        self, parent: str, answer: SubagentCompleted | SubagentFailed
+    ) -> Effects | None:
+        """A child's outcome for ``parent``'s call: None if ``parent``'s turn runs (it hears
+        it as any answer); otherwise ``parent`` waited since the start, and the outcome
+        resumes its turn (or goes into the resume of a turn being opened)."""
+        waiting = self.children.get(parent)
+        if waiting is None or answer.call_id not in waiting:
+            return None
+        waiting.discard(answer.call_id)
+        if not waiting:
+            del self.children[parent]
+        state = self.state
+        hold = state.holds.get(parent)
+        if hold is None or parent in state.live:
+            return None
+        if hold.resume is not None:
+            children = tuple(c for c in hold.resume.children if c != answer.call_id)
+            answers = (*hold.resume.answers, answer)
+            hold.resume = msgspec.structs.replace(hold.resume, children=children, answers=answers)
+            return []
+        return self._resume(parent, [], answer)
+
+    def _resume(
+        self,
+        session: str,
+        decisions: list[ApprovalDecision],
+        answer: SubagentCompleted | SubagentFailed | None = None,
+    ) -> Effects:
+        """Open ``session`` and continue its turn with ``decisions`` (or a child's
+        ``answer``); its other calls keep waiting, now for the resumed turn."""
         hold = self.state.holds.get(session)
         if hold is None:
             return []
@@ -273,7 +391,9 @@ class ApprovalDesk:
         for waiting in still:
             waiting.live = True
         ids = tuple(w.entry.request.call_id for w in still)
-        hold.resume = Resume(tuple(decisions), ids)
+        children = tuple(sorted(self.children.get(session, ())))
+        answers = () if answer is None else (answer,)
+        hold.resume = Resume(tuple(decisions), ids, children, answers)
         return self.state.reopen(hold)
 
     # Timers.

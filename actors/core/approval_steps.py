@@ -9,8 +9,10 @@ other calls of the answer run meanwhile; all results still go back in call order
 
 :func:`resume` continues a turn whose stored transcript ends in an assistant message with calls
 that have no result: the turn a stop or a crash cut off while a call waited for a person. It is
-general: decided calls run (or answer their denial), calls still waiting are held again, and any
-other call without a result is answered as interrupted, as a crash's repair does.
+general: decided calls run (or answer their denial), calls still waiting are held again, a
+``subagent`` call whose child waited is answered by that child's outcome (or stays open while the
+child still waits), and any other call without a result is answered as interrupted, as a crash's
+repair does.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from messages import (
     ChatMessage,
     Resume,
     StoredApproval,
+    SubagentResult,
     ToolCall,
     ToolCallFinished,
     ToolResult,
@@ -45,7 +48,7 @@ from messages import (
     TurnStarted,
 )
 
-__all__ = ["ApprovalWait", "call_ordered", "open_calls", "park", "resume"]
+__all__ = ["ApprovalWait", "call_ordered", "kept", "open_calls", "park", "resume"]
 
 
 @dataclass
@@ -89,6 +92,7 @@ class Turn(Protocol):
     def _ask(self) -> list[Effect]: ...
     def _dispatch(self, calls: list[ToolCall] | None = None) -> list[Effect]: ...
     def _maybe_continue(self) -> list[Effect]: ...
+    def subagent_result(self, result: SubagentResult) -> list[Effect]: ...
 
 
 def run_or_wait(
@@ -180,6 +184,13 @@ def dropped(turn: Turn, park: bool) -> list[Effect]:
     return effects
 
 
+def kept(turn: Turn, children: Sequence[int]) -> set[int]:
+    """At a stop: the calls that stay unanswered for the next start, those waiting for a
+    person and the ``children`` (``subagent`` calls whose child waits for one) still open."""
+    open_ids = {c.id for c in turn._calls if c.id not in turn._results}
+    return set(turn.wait.held) | (open_ids & set(children))
+
+
 def park(turn: Turn) -> list[Effect] | None:
     """Stop the turn for now, if only calls waiting for a person are left (every other call
     has its result and every request is stored): store those results, keep the waiting calls
@@ -254,7 +265,8 @@ def resume(turn: Turn, order: Resume) -> list[Effect]:
     calls, turn._turn_start = open_calls(state.transcript)
     # A request whose call has its result stored (a crash between the two writes) is stale.
     open_ids = {c.id for c in calls}
-    stale = sorted(({d.call_id for d in order.decisions} | set(order.waiting)) - open_ids)
+    asked = {d.call_id for d in order.decisions} | set(order.waiting)
+    stale = sorted(asked - open_ids)
     if stale:
         started.append(DropWaiting(tuple(stale)))
     if not calls:
@@ -266,11 +278,16 @@ def resume(turn: Turn, order: Resume) -> list[Effect]:
     turn.wait.rewait = set(order.waiting)
     turn._calls, turn._results = calls, {}
     now = turn.clock()
+    # A child's outcome answers its subagent call; a child still waiting keeps its call open.
+    children = set(order.children) | {a.call_id for a in order.answers}
     todo = []
     for call in calls:
-        if call.id in turn.wait.decided or call.id in turn.wait.rewait:
+        if call.id in asked:
             todo.append(call)
-            continue
-        text = unanswered_text(state, turn.registry, call, now)
-        turn._results[call.id] = ToolResult(call.id, text, denied=text.startswith("Denied"))
-    return [*started, *turn._dispatch(todo)]
+        elif call.id not in children:
+            text = unanswered_text(state, turn.registry, call, now)
+            turn._results[call.id] = ToolResult(call.id, text, denied=text.startswith("Denied"))
+    effects = [*started, *turn._dispatch(todo)]
+    for answer in order.answers:
+        effects += turn.subagent_result(answer)
+    return effects

@@ -54,6 +54,13 @@ class Budgets:
         self._spent[self._next] = 0
         self._holders[self._next] = 1
 
+    def restore(self, session: str, spent: int) -> None:
+        """The top-level turn of ``session`` resumes after a restart: its family had spent
+        ``spent`` before (nothing if it has no account)."""
+        account = self._account.get(session)
+        if account is not None:
+            self._spent[account] = max(self._spent[account], spent)
+
     def attach(self, child: str, parent: str) -> None:
         """Background ``child`` spends on the account ``parent`` spends on now, until
         closed (nothing if ``parent`` has none)."""

@@ -149,7 +149,8 @@ class ContextState(BackgroundSpawns):
     def shut_down(self, detail: str) -> Effects:
         """The Context stops: answer every held turn CANCELLED and tell every running one to
         stop working."""
-        effects: Effects = self._stop_waiting()
+        effects: Effects = self._stop_waiting() + self.desk.record_spent()
+        parks = self.desk.parks_at_stop()  # a family whose call waits parks, children too
         for hold in self.holds.drain():
             if hold.answered:
                 continue
@@ -170,14 +171,13 @@ class ContextState(BackgroundSpawns):
                     detail=detail,
                 )
                 # Its parent is being cancelled too: no SubagentFailed.
-                effects += self._tell_live(
-                    hold, Cancel(FailReason.CANCELLED, detail), otherwise=(Emit(ended),)
-                )
+                cancel = self.desk.stop_cancel(parks, hold.session, detail)
+                effects += self._tell_live(hold, cancel, otherwise=(Emit(ended),))
                 continue
             told = Reply(hold.reply_to, TurnFailed(hold.session, FailReason.CANCELLED, detail))
             answer = tuple(hold.failure(FailReason.CANCELLED, detail))
             # park: a call waiting for a person stays stored, for the next start to resume.
-            cancel = Cancel(FailReason.CANCELLED, detail, park=True)
+            cancel = self.desk.stop_cancel(parks, hold.session, detail)
             effects += self._tell_live(hold, cancel, then=(told,), otherwise=answer)
         return effects
 
@@ -414,6 +414,8 @@ class ContextState(BackgroundSpawns):
             return self._wrong_agent(hold, msg.record.agent)
         if not output_fits(hold.output, output_spec(msg.record.baseline)):
             return self._wrong_output(hold)
+        if hold.is_child:  # resumed after a restart: a typed child's JSON reaches its parent uncut
+            hold.output = output_spec(msg.record.baseline)
         return self._start_session(msg.record, hold.run_turn())
 
     def _wrong_output(self, hold: Hold) -> Effects:

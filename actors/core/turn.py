@@ -383,13 +383,15 @@ class Turn:
             ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted), cap
         )
 
-    def cancel(self, reason: FailReason, detail: str, park: bool = False) -> list[Effect]:
+    def cancel(
+        self, reason: FailReason, detail: str, park: bool = False, keep: tuple[int, ...] = ()
+    ) -> list[Effect]:
         """End the turn now: whatever was awaited is dropped, and answers that come later are
         ignored. Calls still without a result get one (stored, not waited for), so the
         transcript stays valid. A turn whose outcome is decided (it is compacting) keeps it.
 
-        ``park`` (the runtime stops): calls waiting for a person stay unanswered and stored,
-        and the turn ends without a ``TurnEnded``; the next start resumes it.
+        ``park`` (the runtime stops): calls waiting for a person, and ``subagent`` calls ``keep``
+        whose child waits for one, stay unanswered; it ends with no ``TurnEnded``, to resume.
         """
         if self.done:
             return []
@@ -405,7 +407,7 @@ class Turn:
             self.state.forget_counts()
             effects.append(Persist(next(self.ids), self._keep))
             self._keep = ()
-        parked = park and self.phase is _Phase.CALLING and bool(self.wait.held)
+        kept = approval_steps.kept(self, keep) if park and self.phase is _Phase.CALLING else set()
         effects += approval_steps.dropped(self, park)
         if self.phase is _Phase.CALLING:
             # Results that arrived are kept; only the missing ones are made up.
@@ -418,7 +420,7 @@ class Turn:
                     tool_call_id=c.id,
                 )
                 for c in self._calls
-                if not (parked and c.id in self.wait.held)
+                if c.id not in kept
             )
         else:
             repairs = repair_results(self.state, self.registry, now)
@@ -426,7 +428,7 @@ class Turn:
             self.state.extend(repairs)
             effects.append(Persist(next(self.ids), repairs))
         outcome = TurnFailed(self.state.id, reason, detail)
-        if parked:
+        if kept:
             self.outcome = outcome
             return [*effects, *self._finish()]
         return [*effects, *self._turn_ended(outcome), *self._finish()]

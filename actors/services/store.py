@@ -34,7 +34,13 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.sqlite import SessionStore
-from messages.approvals import DropApprovals, ListApprovals, SettleApproval, StoreApproval
+from messages.approvals import (
+    DropApprovals,
+    ListApprovals,
+    RecordSpent,
+    SettleApproval,
+    StoreApproval,
+)
 from messages.background import (
     BackgroundLoaded,
     BackgroundSaved,
@@ -69,9 +75,10 @@ StoreRequest = (
     | StoreApproval
     | SettleApproval
     | DropApprovals
+    | RecordSpent
 )
-"""What the store actor writes and answers (``SettleApproval`` and ``DropApprovals`` are not
-answered)."""
+"""What the store actor writes and answers (``SettleApproval``, ``DropApprovals`` and
+``RecordSpent`` are not answered)."""
 
 
 _REQUESTS = (
@@ -85,8 +92,9 @@ _REQUESTS = (
     StoreApproval,
     SettleApproval,
     DropApprovals,
+    RecordSpent,
 )
-_UNANSWERED = (SettleApproval, DropApprovals)
+_UNANSWERED = (SettleApproval, DropApprovals, RecordSpent)
 
 
 class _Inbox(SimpleInbox):
@@ -241,6 +249,8 @@ class StoreActor(pykka.ThreadingActor):
             )
         if isinstance(msg, DropApprovals):
             return lambda cur: store.drop_approvals_in(cur, msg.session, msg.call_ids)
+        if isinstance(msg, RecordSpent):
+            return lambda cur: store.record_spent_in(cur, msg.session, msg.call_ids, msg.spent)
         if isinstance(msg, CreateChild):
             return lambda cur: store.create_child_in(
                 cur,

@@ -72,8 +72,11 @@ from messages import (
     SessionStopped,
     SessionTurnEnded,
     StartTurn,
+    StoreApproval,
     StoredApproval,
     StoreFailed,
+    SubagentCompleted,
+    SubagentFailed,
     SubagentRequest,
     Tick,
     TokensSpent,
@@ -205,6 +208,8 @@ class ContextActor(DispatchedActor):
             effects = state.background_loaded(message)
         elif isinstance(message, WaitFamily):
             effects = state.wait_family(message)
+        elif isinstance(message, StoreApproval):
+            effects = state.desk.store(message)
         elif isinstance(message, StoredApproval):
             effects = state.desk.requested(message)
         elif isinstance(message, ApproveCall):
@@ -238,7 +243,16 @@ class ContextActor(DispatchedActor):
             elif isinstance(effect, Reply):
                 tell(effect.to, effect.message)
             elif isinstance(effect, ToSession):
-                tell(session_address(effect.session), effect.message)
+                # A child's outcome for a parent that waits since the start resumes it.
+                resumed = (
+                    self.state.desk.child_answered(effect.session, effect.message)
+                    if isinstance(effect.message, SubagentCompleted | SubagentFailed)
+                    else None
+                )
+                if resumed is None:
+                    tell(session_address(effect.session), effect.message)
+                else:
+                    self._carry_out(resumed)
             elif isinstance(effect, ToStore):
                 tell(STORE, effect.message)
             elif isinstance(effect, ToModel):

@@ -222,7 +222,7 @@ class SessionActor(DispatchedActor):
         elif isinstance(message, SubagentCompleted | SubagentFailed):
             effects = turn.subagent_result(message)
         elif isinstance(message, Cancel):
-            effects = turn.cancel(message.reason, message.detail, message.park)
+            effects = turn.cancel(message.reason, message.detail, message.park, message.keep)
         elif isinstance(message, BackgroundReport):
             effects = turn.report(message)
         elif isinstance(message, ApprovalDecision):
@@ -376,7 +376,7 @@ class SessionActor(DispatchedActor):
                 tell(CONTEXT, request)
             elif isinstance(effect, AskApproval):
                 ask = StoreApproval(s.id, effect.request_id, effect.approval, self.address)
-                tell(STORE, ask)
+                tell(CONTEXT, ask)  # which adds what its family spent, and sends it on
             elif isinstance(effect, Announce):
                 tell(CONTEXT, effect.approval)  # stored: the Context publishes the request
             elif isinstance(effect, ForgetApprovals):

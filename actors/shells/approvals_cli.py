@@ -3,20 +3,23 @@
 They work on the store, directly, on a home no runtime holds (the CLI takes the home's lock for
 the moment it writes, so no runtime starts meanwhile): the decision is recorded with the waiting
 call, and the turn resumes at the next ``Runtime.start`` on that home. A runtime that holds the
-home is decided through (``Runtime.approve`` / ``deny``, the REPL's ``approve(...)``). A decision
-for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1.
+home is decided through (``Runtime.approve`` / ``deny``, the REPL's ``approve(...)``); on a
+shared store (PostgreSQL) a session another process runs now is refused (``HELD_ELSEWHERE``).
+A decision for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from actors.core.approvals import NOT_WAITING
 from actors.core.config import Config
 from actors.shells.render import approvals_table
+from actors.stores.base import StoreError
 from actors.stores.lock import HomeLock
 from actors.stores.open import open_store
 from messages import ApprovalRefused, check_session_id
@@ -24,6 +27,14 @@ from messages import ApprovalRefused, check_session_id
 __all__ = ["add_commands", "cmd_approvals", "cmd_approve", "cmd_deny"]
 
 ConfigOf = Callable[[argparse.Namespace], Config]
+
+HELD_ELSEWHERE = (
+    "session {session} is run by another loopd process now (it holds the session's lock in "
+    "the shared store): decide through that runtime (Runtime.approve, its REPL, or the "
+    "service it serves); see docs/runbook.md#approval-held-elsewhere"
+)
+"""What ``loopd approve`` / ``deny`` print (exit 2) when, on a shared store, another process's
+runtime runs the session: a decision written behind it would never reach its turn."""
 
 
 def cmd_approvals(args: argparse.Namespace, config: Config) -> int:
@@ -67,6 +78,11 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
         store = open_store(config)
         try:
             done = store.settle_approval(session, call_id, approved, reason)
+        except StoreError as exc:
+            if not exc.held_elsewhere:
+                raise
+            print(f"loopd: {HELD_ELSEWHERE.format(session=session)}", file=sys.stderr)
+            return 2
         finally:
             store.close()
     if not done:

@@ -4,7 +4,8 @@ A call that waits is stored before anyone is told of it (:meth:`ApprovalRows.add
 so a stop or a crash loses no request: the next ``Runtime.start`` reads them all back
 (:meth:`ApprovalRows.approvals`). A decision recorded here (:meth:`ApprovalRows.settle_approval`,
 what the CLI does on a home no runtime holds) is applied once: the row is updated only while it
-is undecided, inside a writing transaction, so of two decisions at once exactly one succeeds.
+is undecided, inside a writing transaction, so of two decisions at once exactly one succeeds; on
+PostgreSQL it is refused while another process runs the session (it holds its advisory lock).
 A row goes once its call's result is stored (:meth:`ApprovalRows.drop_approvals_in`).
 """
 
@@ -39,6 +40,11 @@ class ApprovalRows:
     ) -> AbstractContextManager[Any]:  # provided by SqlSessionStore
         raise NotImplementedError
 
+    def refuse_if_run_elsewhere(self, cur: Any, session: str) -> None:
+        """Raise ``SessionHeldElsewhere`` if another process runs ``session`` now, so a
+        decision from outside would go behind its runtime's back (nothing here: one process
+        runs a SQLite home, whose lock the CLI takes; PostgreSQL's store overrides it)."""
+
     def add_approval_in(self, cur: Any, entry: StoredApproval) -> None:
         """Store ``entry``, a call that waits (a second store of the same call keeps the first)."""
         request = entry.request
@@ -62,10 +68,24 @@ class ApprovalRows:
         return bool(cur.rowcount == 1)
 
     def settle_approval(self, session: str, call_id: int, approved: bool, reason: str = "") -> bool:
-        """:meth:`settle_approval_in` in a transaction of its own."""
+        """:meth:`settle_approval_in` in a transaction of its own, for a decision from outside
+        any runtime (the CLI). On a store another process may run the session from
+        (PostgreSQL's advisory locks), a session that process runs now is refused
+        (``SessionHeldElsewhere``): its runtime decides its calls itself."""
         with self._transaction(session, "settle an approval", write=True) as cur:
+            self.refuse_if_run_elsewhere(cur, session)
             done: bool = self.settle_approval_in(cur, session, call_id, approved, reason)
             return done
+
+    def record_spent_in(self, cur: Any, session: str, call_ids: Sequence[int], spent: int) -> None:
+        """Keep ``spent`` (the family's tokens so far) with ``session``'s rows for ``call_ids``
+        that still wait (a decided row keeps what it has)."""
+        q = self.dialect.q
+        for call_id in call_ids:
+            row = cur.execute(q.approval_body, (session, call_id)).fetchone()
+            if row is not None:
+                entry = msgspec.structs.replace(_DECODER.decode(bytes(row[0])), spent=spent)
+                cur.execute(q.respend, (_ENCODER.encode(entry), session, call_id))
 
     def drop_approvals_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
         """Forget ``session``'s rows for ``call_ids`` (answered, or cancelled)."""

@@ -142,6 +142,10 @@ class StoreBackend(Protocol):
         """Forget stored approvals of ``session`` (answered, or cancelled)."""
         ...
 
+    def record_spent_in(self, cur: Any, session: str, call_ids: Sequence[int], spent: int) -> None:
+        """Keep what a family has spent with ``session``'s rows for ``call_ids`` that wait."""
+        ...
+
     def approvals(self) -> list[StoredApproval]:
         """Every stored approval, oldest first."""
         ...

@@ -212,5 +212,8 @@ class _Statements:
             "UPDATE {t}approvals SET body = ?, decided = TRUE"
             " WHERE session = ? AND call_id = ? AND NOT decided"
         )
+        self.respend = q(
+            "UPDATE {t}approvals SET body = ? WHERE session = ? AND call_id = ? AND NOT decided"
+        )
         self.drop_approval = q("DELETE FROM {t}approvals WHERE session = ? AND call_id = ?")
         self.approvals = q("SELECT body FROM {t}approvals ORDER BY at, session, call_id")

@@ -262,6 +262,20 @@ class PgSessionStore(SqlSessionStore):
             raise SessionHeldElsewhere(id)
         self._locked.add(id)
 
+    def refuse_if_run_elsewhere(self, cur: Any, session: str) -> None:
+        """Raise :class:`SessionHeldElsewhere` if another connection holds ``session``'s
+        advisory lock (a process runs it now). It only looks: two decisions from outside do
+        not lock each other out (the row's update decides between them)."""
+        key = lock_key(session) & 0xFFFFFFFFFFFFFFFF  # as pg_locks shows a bigint key
+        row = cur.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = %s AND objid = %s AND objsubid = 1 AND pid <> pg_backend_pid()"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (key >> 32, key & 0xFFFFFFFF),
+        ).fetchone()
+        if row is not None:
+            raise SessionHeldElsewhere(session)
+
     def release(self, id: str) -> None:
         """Let another process run ``id``: drop its advisory lock (if this store holds it)."""
         with self._lock:

@@ -85,6 +85,39 @@ PRAGMA user_version = 3;
 """
 
 
+def test_what_a_family_spent_is_kept_with_its_waiting_rows_only(opener: Any) -> None:
+    with opener() as store:
+        for call_id in (1, 2):
+            store.run_batch(
+                [("s", lambda cur, c=call_id: store.add_approval_in(cur, entry("s", c)))]
+            )
+        assert store.settle_approval("s", 2, True)
+        store.run_batch([("s", lambda cur: store.record_spent_in(cur, "s", [1, 2, 3], 120))])
+    with opener() as store:
+        waiting, decided = store.approvals()
+        assert (waiting.spent, waiting.approved) == (120, None)
+        assert (decided.spent, decided.approved) == (0, True)  # a decided row keeps its own
+
+
+def test_a_decision_from_outside_is_refused_while_another_process_runs_the_session(
+    opener: Any,
+) -> None:
+    from actors.stores.base import StoreError
+    from messages import Baseline
+
+    with opener() as runner, opener() as shell:  # two processes' stores, each its connection
+        runner.create("s", Baseline(system="You help."), 0)  # it runs s now
+        runner.run_batch([("s", lambda cur: runner.add_approval_in(cur, entry("s", 1)))])
+        if isinstance(runner, SessionStore):
+            assert shell.settle_approval("s", 1, True)  # SQLite: the home's lock guards it
+            return
+        with pytest.raises(StoreError, match="another loopd process holds it"):
+            shell.settle_approval("s", 1, True)
+        assert runner.approvals()[0].approved is None  # nothing was recorded
+        runner.release("s")  # its actor went (passivated, or the runtime stopped)
+        assert shell.settle_approval("s", 1, True)
+
+
 def test_a_version_3_store_gains_the_approvals_table(tmp_path: Path) -> None:
     path = tmp_path / "loopd.db"
     raw = sqlite3.connect(path)

@@ -1,0 +1,96 @@
+"""A parent's turn parked at a stop while its child waits for a person, and resumed by the
+child's outcome: the turn machine alone, without threads or actors."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+from actors.core.dispatch import Registry
+from actors.core.limits import Limits
+from actors.core.session_state import SessionState
+from actors.core.turn import Turn
+from actors.core.turn_effects import Effect, Emit, Finish, Persist, RequestModel
+from messages import (
+    Baseline,
+    ChatMessage,
+    FailReason,
+    ModelAnswer,
+    ProposedCall,
+    Resume,
+    SubagentCompleted,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    TurnEnded,
+)
+
+REGISTRY = Registry([ToolSpec("lookup", "a port tool", {})])
+NOW = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+
+
+def new_turn(state: SessionState | None = None) -> Turn:
+    state = state or SessionState("mm-thread", Baseline("system", REGISTRY.specs()), 0, [])
+    return Turn(state, REGISTRY, Limits(8, 1000, 50, 1_000_000), itertools.count(1), lambda: NOW)
+
+
+def only(effects: list[Effect], kind: type) -> list:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def one(effects: list[Effect], kind: type):
+    found = only(effects, kind)
+    assert len(found) == 1, f"expected one {kind.__name__} in {effects}"
+    return found[0]
+
+
+CALLS = (
+    ToolCall(1, "lookup", "{}"),
+    ToolCall(2, "subagent", '{"task": "t"}'),
+)
+
+
+def test_a_stop_keeps_the_subagent_call_of_a_waiting_child_open() -> None:
+    turn = new_turn()
+    request = one(turn.persisted(one(turn.start("go"), Persist).request_id), RequestModel)
+    proposed = (ProposedCall("lookup", "{}"), ProposedCall("subagent", '{"task": "t"}'))
+    effects = turn.model_answer(ModelAnswer("mm-thread", request.request_id, None, proposed))
+    turn.persisted(one(effects, Persist).request_id)
+    turn.tool_result(ToolResult(1, "found"))
+    effects = turn.cancel(FailReason.CANCELLED, "the runtime stopped", park=True, keep=(2,))
+    saved = one(effects, Persist)
+    assert saved.messages == (ChatMessage(role="tool", content="found", tool_call_id=1),)
+    assert not [e for e in only(effects, Emit) if isinstance(e.event, TurnEnded)]
+    assert one(effects, Finish).outcome.reason is FailReason.CANCELLED
+
+
+def parked_state() -> SessionState:
+    state = SessionState("mm-thread", Baseline("system", REGISTRY.specs()), 0, [])
+    state.transcript += [
+        ChatMessage(role="user", content="go"),
+        ChatMessage(role="assistant", tool_calls=CALLS),
+        ChatMessage(role="tool", content="found", tool_call_id=1),
+    ]
+    state.next_call_id = 3
+    return state
+
+
+def test_the_childs_outcome_answers_the_open_call_and_the_turn_asks_on() -> None:
+    turn = new_turn(parked_state())
+    done = SubagentCompleted("mm-thread", 2, "sub-mm-thread-2", "deployed", False)
+    effects = turn.resume(Resume(answers=(done,)))
+    saved = one(effects, Persist)
+    assert saved.messages == (
+        ChatMessage(role="tool", content="sub-mm-thread-2 completed\ndeployed", tool_call_id=2),
+    )
+    request = one(turn.persisted(saved.request_id), RequestModel)
+    assert [m.tool_call_id for m in request.messages if m.role == "tool"] == [1, 2]
+
+
+def test_a_call_whose_child_still_waits_stays_open_until_its_answer() -> None:
+    turn = new_turn(parked_state())
+    effects = turn.resume(Resume(children=(2,)))
+    assert not only(effects, Persist)  # not answered as interrupted
+    done = SubagentCompleted("mm-thread", 2, "sub-mm-thread-2", "deployed", False)
+    saved = one(turn.subagent_result(done), Persist)
+    assert saved.messages[0].content == "sub-mm-thread-2 completed\ndeployed"
