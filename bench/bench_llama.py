@@ -1,12 +1,14 @@
 """loopd against a real llama-server: four sessions at once, and slot pinning.
 
-Run: python bench/bench_llama.py [URL] [--rounds N] [--pinning-rounds N]. Without URL it starts
-the llama lane's server itself (tests/llama/llama_server.py: the build of
-``.ci/build-llama-server``, ``-np 4 -c 8192 -t $LOOPD_LLAMA_THREADS --metrics
---slot-save-path DIR``); a URL must name a server started so (4 slots or more, ``--metrics``
-for the server's own counters, ``--slot-save-path`` so slots can be erased). The figures are
-printed and appended to ``$LOOPD_LLAMA_FIGURES`` when it is set. Nothing here is asserted: the
-targets are in docs/performance.md.
+Run: python bench/bench_llama.py [URL] [--rounds N] [--share-rounds N] [--pinning-rounds N]
+[--threads N]. Without URL it starts the llama lane's server itself (tests/llama/llama_server.py:
+the build of ``.ci/build-llama-server``, ``-np 4 -c 8192 -t N --metrics --slot-save-path DIR``).
+``-t 1`` by default: on 2 cores shared with other work, ``-t 2`` swung eightfold between rounds
+(6 to 50 tokens/s) as llama.cpp's two threads waited for each other, and one thread leaves the
+other core to loopd and the direct client. A URL must name a server started so: 4 slots or more,
+``--metrics`` for the server's own counters, ``--slot-save-path`` so slots can be erased. The
+figures are printed and appended to ``$LOOPD_LLAMA_FIGURES`` when it is set. Nothing here is
+asserted: the targets are in docs/performance.md.
 
 Four sessions at once (``--rounds``, default 3): four new sessions each run two turns (a
 question, then "say that again") through loopd, the four turns of each step at once, on a
@@ -18,8 +20,14 @@ erased before each block, and the blocks alternate (loopd first in even rounds, 
 odd ones), so a machine that gets busier or quieter meets both alike. Measured per block:
 generated tokens / wall time; the server's own figures from ``GET /metrics`` (its generation
 rate per sequence, its ``llama_decode`` calls: four sequences decoded together take one call a
-step, one after another four); the share of the second turns' prompt tokens served from the
-slot's cache (``usage.prompt_tokens_details.cached_tokens``, which is ``timings.cache_n``).
+step, one after another four; the share of the wall time it worked on the block); the share of
+the second turns' prompt tokens served from the slot's cache
+(``usage.prompt_tokens_details.cached_tokens``, which is ``timings.cache_n``).
+
+The client's share (``--share-rounds``, default 2): the same blocks, loopd and direct both
+through the recording proxy, alternated: the time of each block outside the server (until the
+last of a step's requests reached the proxy, and after the last answer left the server), which
+is loopd's own cost against a direct client's, whatever the server's pace.
 
 Slot pinning (``--pinning-rounds``, default 1): a parent, its child and the parent again, pinned
 (``id_slot``, loopd's way) and placed by the server (``id_slot`` removed): how many prompt tokens
@@ -48,8 +56,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "llama"))
 
-from llama_proxy import Proxy
-from llama_server import Server, running_server, threads
+from llama_proxy import Exchange, Proxy
+from llama_server import Server, running_server
 
 from actors import Config, Runtime
 from actors.core.config import AgentConfig, LoopConfig, ModelConfig, SlotsConfig
@@ -85,11 +93,12 @@ def metrics(server: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def started_server() -> Iterator[Server]:
+def started_server(cpu_threads: int) -> Iterator[Server]:
     """The lane's llama-server with four slots, the metrics endpoint and slot erasing."""
     with tempfile.TemporaryDirectory() as folder:
         extra = ("--metrics", "--slot-save-path", folder)
-        with running_server(SESSIONS, 8192, Path(folder) / "server.log", extra) as server:
+        log = Path(folder) / "server.log"
+        with running_server(SESSIONS, 8192, log, extra, cpu_threads) as server:
             yield server
 
 
@@ -148,12 +157,29 @@ class Block:
         seconds = self.server.get("tokens_predicted_seconds_total", 0.0)
         return self.server.get("tokens_predicted_total", 0.0) / seconds if seconds else 0.0
 
+    @property
+    def busy_s(self) -> float:
+        """How long the server worked on the block: its prompt and generation seconds, which
+        it counts per request, over the four requests it ran side by side. An estimate (the
+        four do not start in the same step), the same for loopd and direct."""
+        seconds = self.server.get("prompt_seconds_total", 0.0)
+        return (seconds + self.server.get("tokens_predicted_seconds_total", 0.0)) / SESSIONS
+
+    @property
+    def busy_share(self) -> float:
+        """The share of the wall time the server worked on the block."""
+        return self.busy_s / self.wall_s
+
 
 def _diff(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total")}
 
 
-def capture(server: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+Bodies = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+"""The four first requests' bodies, and the four second ones', in the order of ``ASKS``."""
+
+
+def capture(server: str) -> Bodies:
     """The bodies loopd sends for the four sessions' two turns, read through the proxy."""
     proxy = Proxy(server).start()
     try:
@@ -196,7 +222,8 @@ class Clocks:
     def mark(self) -> None:
         """Note the three clocks now."""
         server = self.server_cpu() if self.server_cpu else None
-        self.marks.append((time.perf_counter(), time.process_time(), server))
+        # The monotonic clock: the proxy's exchanges are stamped with it.
+        self.marks.append((time.monotonic(), time.process_time(), server))
 
     def steps(self) -> tuple[float, float]:
         """The wall time of each of the two steps."""
@@ -257,7 +284,7 @@ def _with_answer(body: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]
 async def direct_block(
     client: aiohttp.ClientSession,
     server: str,
-    bodies: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    bodies: Bodies,
     clocks: Clocks,
 ) -> Block:
     """The same four requests, then the four second ones, sent straight, four at once."""
@@ -285,10 +312,14 @@ async def direct_block(
 
 
 def four_sessions(
-    server: str, rounds: int, threads_note: str, server_cpu: Callable[[], float] | None
+    server: str,
+    rounds: int,
+    bodies: Bodies,
+    threads_note: str,
+    server_cpu: Callable[[], float] | None,
 ) -> list[str]:
     """Alternated blocks of loopd and direct; the figures' lines."""
-    bodies = capture(server)
+    load_at_start = os.getloadavg()[0]
     lines = []
     pairs: list[tuple[Block, Block]] = []
     loop = asyncio.new_event_loop()
@@ -316,8 +347,71 @@ def four_sessions(
     finally:
         loop.run_until_complete(client.close())
         loop.close()
-    lines.append(_summary(pairs, threads_note))
+    load = f"{load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    lines.append(_summary(pairs, threads_note, load))
     return lines
+
+
+def _outside(clocks: Clocks, exchanges: list[Exchange]) -> tuple[float, float]:
+    """A block run through the proxy: the seconds of its two steps before their last request
+    reached the proxy and after their last answer left the server (the client's share, loopd's
+    or the direct one's, with the proxy's hop), and the server's own seconds for the slowest
+    request of each step (``timings.prompt_ms`` + ``predicted_ms``)."""
+    start, middle, end = (mark[0] for mark in clocks.marks)
+    client = server = 0.0
+    for begin, finish, step in ((start, middle, exchanges[:4]), (middle, end, exchanges[4:])):
+        sent = max(e.started for e in step) - begin
+        answered = finish - max(e.started + (e.seconds or 0.0) for e in step)
+        client += sent + answered
+        server += max(e.timings["prompt_ms"] + e.timings["predicted_ms"] for e in step) / 1000
+    return client, server
+
+
+def client_share(server: str, rounds: int, bodies: Bodies) -> list[str]:
+    """loopd and the direct client through the recording proxy, alternated: the time each
+    takes outside the server; the figures' lines."""
+    proxy = Proxy(server).start()
+    root = proxy.base_url.removesuffix("/v1")  # erase and metrics go through it as well
+    loop = asyncio.new_event_loop()
+    client = loop.run_until_complete(_client())
+    found: dict[str, list[tuple[float, float, float]]] = {"loopd": [], "direct": []}
+    try:
+        with (
+            tempfile.TemporaryDirectory() as home,
+            Runtime.start(four_config(home, proxy.base_url)) as rt,
+            ThreadPoolExecutor(SESSIONS) as pool,
+        ):
+            for n in range(rounds):
+                for kind in ("loopd", "direct") if n % 2 == 0 else ("direct", "loopd"):
+                    clocks = Clocks(None)
+                    first = len(proxy.exchanges)
+                    if kind == "loopd":
+                        block = loopd_block(rt, root, pool, f"share{n}", clocks)
+                    else:
+                        block = loop.run_until_complete(direct_block(client, root, bodies, clocks))
+                    outside, busy = _outside(clocks, proxy.exchanges[first:])
+                    found[kind].append((outside, busy, block.wall_s))
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
+        proxy.stop()
+
+    def ms(kind: str) -> str:
+        values = [o * 1000 for o, _, _ in found[kind]]
+        return f"{statistics.median(values):.0f} ms ({min(values):.0f}-{max(values):.0f})"
+
+    extra = [(m[0] - t[0]) / m[2] for m, t in zip(found["loopd"], found["direct"], strict=True)]
+    line = (
+        f"through a recording proxy ({rounds} alternated rounds): time outside the server a "
+        f"block (both steps: until the last of the four requests reached it, after the last "
+        f"answer left it): loopd {ms('loopd')}, direct {ms('direct')}; loopd's extra "
+        f"{statistics.median(extra):.2%} of its block's wall time ({min(extra):.2%}-"
+        f"{max(extra):.2%}); the server's own time for the slowest request of each step, "
+        f"loopd {statistics.median(b for _, b, _ in found['loopd']):.2f} s, direct "
+        f"{statistics.median(b for _, b, _ in found['direct']):.2f} s a block"
+    )
+    print(line, flush=True)
+    return [line]
 
 
 async def _client() -> aiohttp.ClientSession:
@@ -331,27 +425,35 @@ def _round_line(n: int, mine: Block, theirs: Block) -> str:
         return (
             f"{b.kind} {b.tokens_s:.1f} tok/s ({b.generated} tokens in {b.wall_s:.2f} s: "
             f"{b.steps_s[0]:.2f} + {b.steps_s[1]:.2f}; {cpu}; server {b.server_tokens_s:.1f} tok/s "
-            f"a sequence, {b.server.get('n_decode_total', 0):.0f} decode calls; turn 2 reused "
+            f"a sequence, {b.server.get('n_decode_total', 0):.0f} decode calls, busy "
+            f"{b.busy_s:.2f} s; turn 2 reused "
             f"{b.second_cached} of {b.second_prompt} prompt tokens)"
         )
 
     ratio = mine.tokens_s / theirs.tokens_s
-    return f"4 at once, round {n}: {one(mine)}; {one(theirs)}; ratio {ratio:.3f}"
+    busy = mine.busy_share / theirs.busy_share
+    return (
+        f"4 at once, round {n}: {one(mine)}; {one(theirs)}; ratio {ratio:.3f}, "
+        f"busy-share ratio {busy:.3f}"
+    )
 
 
-def _summary(pairs: list[tuple[Block, Block]], threads_note: str) -> str:
+def _summary(pairs: list[tuple[Block, Block]], threads_note: str, load: str) -> str:
     ratios = [m.tokens_s / t.tokens_s for m, t in pairs]
     mine = [m.tokens_s for m, _ in pairs]
     theirs = [t.tokens_s for _, t in pairs]
     reuse_m = [m.reuse for m, _ in pairs]
     reuse_t = [t.reuse for _, t in pairs]
+    busy = [m.busy_share / t.busy_share for m, t in pairs]
     return (
         f"4 sessions at once on 4 slots ({len(pairs)} alternated rounds, {threads_note}, load "
-        f"{os.getloadavg()[0]:.1f}): loopd {statistics.median(mine):.1f} tok/s "
+        f"{load}): loopd {statistics.median(mine):.1f} tok/s "
         f"({min(mine):.1f}-{max(mine):.1f}), direct {statistics.median(theirs):.1f} tok/s "
         f"({min(theirs):.1f}-{max(theirs):.1f}); loopd / direct median "
-        f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}); turn 2 prompt "
-        f"from the cache: loopd {min(reuse_m):.1%}-{max(reuse_m):.1%}, direct "
+        f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}); share of the "
+        f"wall time the server worked, loopd / direct median {statistics.median(busy):.3f} "
+        f"({min(busy):.3f}-{max(busy):.3f}); turn 2 prompt from the cache: loopd "
+        f"{min(reuse_m):.1%}-{max(reuse_m):.1%}, direct "
         f"{min(reuse_t):.1%}-{max(reuse_t):.1%}"
     )
 
@@ -435,17 +537,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("server", nargs="?", help="a llama-server root URL; none: start one")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of four sessions at once")
+    parser.add_argument("--share-rounds", type=int, default=2, help="rounds through the proxy")
     parser.add_argument("--pinning-rounds", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="the started server's -t")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         server_cpu: Callable[[], float] | None = None
         if args.server:
             server, threads_note = args.server.rstrip("/"), "the given server"
         else:
-            started = stack.enter_context(started_server())
-            server, threads_note, server_cpu = started.url, f"-t {threads()}", started.cpu_s
-        lines = four_sessions(server, args.rounds, threads_note, server_cpu) if args.rounds else []
-        print(lines[-1] if lines else "", flush=True)
+            started = stack.enter_context(started_server(args.threads))
+            server, threads_note, server_cpu = started.url, f"-t {args.threads}", started.cpu_s
+        lines: list[str] = []
+        if args.rounds or args.share_rounds:
+            bodies = capture(server)
+        if args.rounds:
+            lines += four_sessions(server, args.rounds, bodies, threads_note, server_cpu)
+            print(lines[-1], flush=True)
+        if args.share_rounds:
+            lines += client_share(server, args.share_rounds, bodies)
         lines += pinning(server, args.pinning_rounds) if args.pinning_rounds else []
     figures = os.environ.get("LOOPD_LLAMA_FIGURES")
     if figures:
