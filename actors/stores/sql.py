@@ -390,31 +390,17 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         agent: str = "default",
         first: ChatMessage | None = None,
     ) -> tuple[SessionRecord, bool]:
-        """:meth:`open_or_create` inside the caller's transaction (for :meth:`run_batch`).
-
-        A session created with ``first`` holds it as its first message, with its first turn
-        counted (the turn that created it stored its user message so, in one transaction)."""
+        """:meth:`open_or_create` inside the caller's transaction (for :meth:`run_batch`); a
+        session created with ``first`` holds it as its first message, its first turn counted."""
         check_session_id(id)
         self._hold(cur, id)
         if self._row(cur, id) is not None:
             return self._record(cur, id), False
+        self._insert(cur, id, baseline, slot, turns=0 if first is None else 1, agent=agent)
         if first is None:
-            self._insert(cur, id, baseline, slot, agent=agent)
             return self._record(cur, id), True
-        self._insert(cur, id, baseline, slot, turns=1, agent=agent)
         self._insert_messages(cur, id, (first,), now(), last=0)
-        # What was just written, without reading it back.
-        record = SessionRecord(
-            id=id,
-            baseline=baseline,
-            slot=slot,
-            transcript=(first,),
-            turns=1,
-            next_call_id=1,
-            untrusted=False,
-            agent=agent,
-        )
-        return record, True
+        return SessionRecord(id, baseline, slot, (first,), 1, 1, False, agent=agent), True
 
     def append(
         self,
