@@ -357,6 +357,7 @@ class ContextState(BackgroundSpawns):
             self.address,
             request_id=hold.open_request,
             agent=hold.agent or DEFAULT_AGENT,
+            first=hold.first_message() if baseline is not None else None,
         )
         return [ToStore(request)]
 
@@ -416,7 +417,9 @@ class ContextState(BackgroundSpawns):
             return self._wrong_output(hold)
         if hold.is_child:  # resumed after a restart: a typed child's JSON reaches its parent uncut
             hold.output = output_spec(msg.record.baseline)
-        return self._start_session(msg.record, hold.run_turn())
+        # Created with the turn's user message (OpenSession.first): the turn asks the model.
+        stored = msg.created and msg.record.turns == 1
+        return self._start_session(msg.record, hold.run_turn(stored=stored))
 
     def _wrong_output(self, hold: Hold) -> Effects:
         """Release ``hold`` and answer it ``WRONG_OUTPUT`` (nothing was stored for it)."""
