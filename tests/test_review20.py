@@ -278,3 +278,45 @@ def rt_probe(config: Any) -> Any:
     probe = Probe()
     probe.config = config  # type: ignore[attr-defined]
     return probe
+
+
+# 7. A subagent call the background limit denies anyway still asks a person first.
+
+
+def limit_script(request: ModelRequest) -> Any:
+    last = request.messages[-1]
+    if request.session == "s" and last.role == "user" and last.name is None:
+        return calls(("subagent", {"task": "deploy prod", "background": True}))
+    if request.session.startswith("sub-") and last.role == "user":
+        return calls(("deploy", {"env": "prod"}))
+    return reply("noted")
+
+
+def test_a_subagent_call_over_the_background_limit_is_denied_without_asking(
+    loopd_runtime,
+) -> None:
+    ran.clear()
+    rt = loopd_runtime(
+        limit_script,
+        tools=[deploy],
+        subagents={"background": True, "max_background": 1},
+        approvals={"tools": ["subagent"]},
+    )
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    events.wait(requested("sub-s-1"))  # the one background child runs, waiting for a person
+    events.wait(ended())
+    since = events.mark()
+    rt.send_turn("s", "ship again")
+    # The limit is reached now: the call is denied anyway, so nobody should be asked.
+    events.wait(
+        lambda e: (isinstance(e, TurnEnded) and e.session == "s") or requested()(e), since=since
+    )
+    asked = [e for e in events.seen[since:] if requested()(e)]
+    if asked:
+        rt.approve("s", asked[0].call_id)
+        events.wait(ended(), since=since)
+    texts = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
+    assert asked == [], f"a person was asked about a call the limit denies anyway: {texts[-1]!r}"
