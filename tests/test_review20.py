@@ -320,3 +320,35 @@ def test_a_subagent_call_over_the_background_limit_is_denied_without_asking(
         events.wait(ended(), since=since)
     texts = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
     assert asked == [], f"a person was asked about a call the limit denies anyway: {texts[-1]!r}"
+
+
+# 8. A turn published as ended (cancelled) at a stop is resumed at the next start.
+
+
+def test_a_turn_ended_cancelled_at_a_stop_is_not_resumed_at_the_next_start(
+    loopd_runtime,
+) -> None:
+    from messages import ApproveCall
+
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    rt.stop()
+    second = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
+    seen = Events(second)
+    # The decision reopens s; the stop comes before its actor runs the resumed turn.
+    second.context.tell(ApproveCall("s", 1))
+    second.stop()
+    first_end = [e for e in seen.seen if isinstance(e, TurnEnded) and e.session == "s"]
+    third = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
+    later = Events(third)
+    third.wait_family("s", timeout=WAIT)
+    second_end = [e for e in later.seen if isinstance(e, TurnEnded) and e.session == "s"]
+    # One turn, one TurnEnded: either it parks at the stop (no TurnEnded, resumed later), or
+    # it ends cancelled and nothing of it runs afterwards.
+    assert not (first_end and ran), (
+        f"ended {first_end[0].reason} at the stop, then resumed at the start: ran {ran}, "
+        f"ended again {[e.reason or 'completed' for e in second_end]}"
+    )
