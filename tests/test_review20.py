@@ -200,9 +200,12 @@ def test_cancel_while_a_decision_reopens_the_session_drops_its_other_waiting_cal
     if revived:
         third.approve(*revived[0])
         third.wait_family("s", timeout=WAIT)
+    assert ran == [], (
+        f"a cancelled turn's calls ran after the next start: {ran} (listed after the cancel: "
+        f"{listed}; stored: {rows}; listed at the next start: {revived})"
+    )
     assert listed == [], f"a cancelled turn's call is still listed: {listed}"
     assert rows == [], f"a cancelled turn's call is still stored: {rows}"
-    assert ran == [], f"a cancelled turn's calls ran after the next start: {ran} {revived}"
 
 
 # 5. A call past its deadline is approved from the shell, and the next start runs it.
