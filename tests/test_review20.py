@@ -165,6 +165,7 @@ def test_the_cli_offers_a_background_childs_request_that_the_next_start_drops(
     assert ran == [] and stored_approvals(again) == []
     assert "sub-s-1" not in listing, f"listed, yet no start will ever ask: {listing!r}"
     assert code == 1, f"accepted a decision no start carries out: {said!r}"
+    assert "background subagent" in said and "not listed: 1 call" in listing
 
 
 # 4. A cancel while a decision reopens a session that waited since the start.

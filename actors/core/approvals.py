@@ -24,8 +24,10 @@ from messages import (
     ToolCall,
     denial_message,
 )
+from messages.ids import CHILD_PREFIX
 
 __all__ = [
+    "BACKGROUND_CUT_OFF",
     "NOT_WAITING",
     "ApprovalBook",
     "ApprovalPolicy",
@@ -34,6 +36,8 @@ __all__ = [
     "Waiting",
     "approval_policies",
     "declined_text",
+    "dropped_at_start",
+    "shell_refusal",
     "stored_approval",
     "timeout_reason",
 ]
@@ -42,10 +46,35 @@ NOT_WAITING = "call {call_id} of session {session} is not waiting for a decision
 """The ``ApprovalRefused.detail`` of a decision for a call that is not waiting (never was,
 settled already, or cancelled)."""
 
+BACKGROUND_CUT_OFF = (
+    "call {call_id} of session {session} waits in a background subagent that a stop cut off: "
+    "the next start drops it and the child reports failed, so a decision here would never be "
+    "carried out; see docs/runbook.md#approval-of-a-cut-off-background-child"
+)
+"""What ``loopd approve`` / ``deny`` print (exit 1) for a stored call of a background child:
+no parent's call waits for it, so the next start drops it (:func:`dropped_at_start`)."""
+
 
 def timeout_reason(timeout_s: float) -> str:
     """The reason the timeout declines a call with: ``no decision within 604800 s``."""
     return f"no decision within {timeout_s:g} s"
+
+
+def dropped_at_start(entry: StoredApproval) -> bool:
+    """Whether the next ``Runtime.start`` drops ``entry`` instead of holding its turn: a
+    background child's call (no parent's call waits for it; the child reports failed)."""
+    return entry.background and entry.request.session.startswith(CHILD_PREFIX)
+
+
+def shell_refusal(entry: StoredApproval | None, session: str, call_id: int) -> str | None:
+    """Why a decision from outside any runtime (the CLI) for ``session``'s call ``call_id``,
+    stored as ``entry`` (None: no such undecided row), would never be carried out, as the
+    ``ApprovalRefused`` detail; None if it may be recorded."""
+    if entry is None or entry.approved is not None:
+        return NOT_WAITING.format(call_id=call_id, session=session)
+    if dropped_at_start(entry):
+        return BACKGROUND_CUT_OFF.format(call_id=call_id, session=session)
+    return None
 
 
 def declined_text(reason: str) -> str:

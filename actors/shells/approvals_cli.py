@@ -5,7 +5,8 @@ the moment it writes, so no runtime starts meanwhile): the decision is recorded 
 call, and the turn resumes at the next ``Runtime.start`` on that home. A runtime that holds the
 home is decided through (``Runtime.approve`` / ``deny``, the REPL's ``approve(...)``); on a
 shared store (PostgreSQL) a session another process runs now is refused (``HELD_ELSEWHERE``).
-A decision for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1.
+A decision for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1;
+so does one the next start would not carry out (a background child's call, which it drops).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from actors.core.approvals import NOT_WAITING
+from actors.core.approvals import NOT_WAITING, dropped_at_start, shell_refusal
 from actors.core.config import Config
 from actors.shells.render import approvals_table
 from actors.stores.base import StoreError
 from actors.stores.lock import HomeLock
 from actors.stores.open import open_store
-from messages import ApprovalRefused, check_session_id
+from messages import ApprovalRefused, StoredApproval, check_session_id
 
 __all__ = ["add_commands", "cmd_approvals", "cmd_approve", "cmd_deny"]
 
@@ -38,13 +39,23 @@ runtime runs the session: a decision written behind it would never reach its tur
 
 
 def cmd_approvals(args: argparse.Namespace, config: Config) -> int:
-    """List the calls waiting for a person, oldest first, the untrusted flag shown."""
+    """List the calls waiting for a person, oldest first, the untrusted flag shown: only those
+    a decision here is carried out for (a background child's call, which the next start
+    drops, is counted below the table, not offered)."""
     store = open_store(config)
     try:
-        waiting = tuple(e.request for e in store.approvals() if e.approved is None)
+        waiting = [e for e in store.approvals() if e.approved is None]
     finally:
         store.close()
-    print(approvals_table(waiting))
+    offered = tuple(e.request for e in waiting if not dropped_at_start(e))
+    print(approvals_table(offered))
+    cut_off = len(waiting) - len(offered)
+    if cut_off:
+        calls = "call" if cut_off == 1 else "calls"
+        print(
+            f"not listed: {cut_off} {calls} of background subagents a stop cut off (the next "
+            "start drops them; see docs/runbook.md#approval-of-a-cut-off-background-child)"
+        )
     return 0
 
 
@@ -77,7 +88,9 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
     with _no_runtime(config):
         store = open_store(config)
         try:
-            done = store.settle_approval(session, call_id, approved, reason)
+            # The home's lock (SQLite) keeps the row as read until the decision is written.
+            refused = shell_refusal(_row(store.approvals(), session, call_id), session, call_id)
+            done = refused is None and store.settle_approval(session, call_id, approved, reason)
         except StoreError as exc:
             if not exc.held_elsewhere:
                 raise
@@ -86,12 +99,19 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
         finally:
             store.close()
     if not done:
-        detail = NOT_WAITING.format(call_id=call_id, session=session)
+        # Refused before writing, or the write found the row decided meanwhile (PostgreSQL).
+        detail = refused or NOT_WAITING.format(call_id=call_id, session=session)
         print(ApprovalRefused(session, call_id, detail).detail)
         return 1
     word = "approved" if approved else "declined"
     print(f"call {call_id} of session {session} {word}; its turn resumes at the next start")
     return 0
+
+
+def _row(entries: list[StoredApproval], session: str, call_id: int) -> StoredApproval | None:
+    """The stored row of ``session``'s call ``call_id``, if any."""
+    found = (e for e in entries if (e.request.session, e.request.call_id) == (session, call_id))
+    return next(found, None)
 
 
 def add_commands(
