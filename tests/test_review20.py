@@ -324,6 +324,10 @@ def test_a_subagent_call_over_the_background_limit_is_denied_without_asking(
         events.wait(ended(), since=since)
     texts = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
     assert asked == [], f"a person was asked about a call the limit denies anyway: {texts[-1]!r}"
+    assert texts[-1] == (
+        "Denied: a limit of this runtime was reached: 1 background subagents are running; "
+        "wait for one to report."
+    )
 
 
 # 8. A turn published as ended (cancelled) at a stop is resumed at the next start.

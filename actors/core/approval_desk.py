@@ -90,6 +90,7 @@ class ContextState(Protocol):
     def clock(self) -> Callable[[], datetime]: ...
     def reopen(self, hold: Hold) -> Effects: ...
     def give_back(self, session: str) -> Effects: ...
+    def limit_denial(self, parent: str, background: bool) -> str | None: ...
 
 
 class ApprovalDesk:
@@ -110,8 +111,13 @@ class ApprovalDesk:
 
     def store(self, msg: StoreApproval) -> Effects:
         """A session's waiting call goes to the store through here, with what its family has
-        spent (``loop.token_budget``) and whether it is a background child's."""
+        spent (``loop.token_budget``) and whether it is a background child's; a ``subagent``
+        call a spawn limit denies anyway is answered at once instead (``limit_denial``)."""
         state = self.state
+        denial = state.limit_denial(msg.session, msg.background) if msg.spawns else None
+        if denial is not None:  # denied anyway: nothing is stored, nobody is asked
+            decision = ApprovalDecision(msg.approval.request.call_id, False, denial=denial)
+            return [Reply(msg.reply_to, decision)]
         spent = state.budgets.spent(msg.session) if state.budgets is not None else 0
         background = self._background(state.holds.get(msg.session))
         entry = msgspec.structs.replace(msg.approval, spent=spent, background=background)
