@@ -225,8 +225,12 @@ def test_a_call_past_its_deadline_is_not_run_by_a_late_shell_decision(
     rt.send_turn("s", "ship it")
     events.wait(requested())
     rt.stop()
-    time.sleep(1.5)  # the deadline passes while no runtime holds the home
+    # The deadline passes while no runtime holds the home (a wall clock's wait, no actor's).
+    (row,) = stored_approvals(rt)
+    time.sleep(max(0.0, (row.deadline - datetime.now(UTC)).total_seconds()) + 0.05)
     capsys.readouterr()
+    assert main(["approvals", "--home", rt.config.home]) == 0
+    listing = capsys.readouterr().out
     code = main(["approve", "s", "1", "--home", rt.config.home])
     said = capsys.readouterr().out
     again = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
@@ -234,6 +238,10 @@ def test_a_call_past_its_deadline_is_not_run_by_a_late_shell_decision(
     tools = [m.content for m in rt_history(again, "s") if m.role == "tool"]
     # A runtime on the home would have declined it at the deadline; nobody decided in time.
     assert ran == [], f"a call past its deadline ran (the CLI said {said!r}, exit {code}): {tools}"
+    assert code == 1 and "declined for its timeout (no decision within 1 s)" in said
+    assert listing.startswith("no call waits for a decision\npast its deadline: call 1 of")
+    assert "Denied: a person declined this call: no decision within 1 s." in tools
+    assert stored_approvals(again) == []
 
 
 # 6. A SIGKILL while an approved call runs: the next start runs it a second time.

@@ -31,6 +31,7 @@ from actors.core.approvals import (
     ApprovalBook,
     ArmApprovalTimer,
     CancelApprovalTimer,
+    past_deadline_detail,
     timeout_reason,
 )
 from actors.core.budget import Budgets, parent_of
@@ -253,6 +254,8 @@ class ApprovalDesk:
         *,
         timer_fired: bool = False,
     ) -> Effects:
+        if not timer_fired and self.book.expired(session, call_id, self.state.clock()):
+            return self._too_late(session, call_id, reply_to)
         waiting = self.book.take(session, call_id)
         if waiting is None:
             if timer_fired:
@@ -272,6 +275,13 @@ class ApprovalDesk:
         else:
             effects += self._resume(session, [decision])
         return effects + self._unpause()
+
+    def _too_late(self, session: str, call_id: int, reply_to: str | None) -> Effects:
+        """A decision past the call's deadline, before its timer's message: the deadline is
+        binding, so the decision is refused and the call is declined for its timeout now."""
+        detail = past_deadline_detail(session, call_id, self.state.config.approvals.timeout_s)
+        refused = ApprovalRefused(session, call_id, detail)
+        return self.timed_out(ApprovalTimedOut(session, call_id)) + self._reply(reply_to, refused)
 
     def _deliver(self, session: str, decision: ApprovalDecision) -> Effects:
         """Tell the turn its decision: to its actor's ref (so it queues behind the RunTurn

@@ -6,7 +6,8 @@ call, and the turn resumes at the next ``Runtime.start`` on that home. A runtime
 home is decided through (``Runtime.approve`` / ``deny``, the REPL's ``approve(...)``); on a
 shared store (PostgreSQL) a session another process runs now is refused (``HELD_ELSEWHERE``).
 A decision for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1;
-so does one the next start would not carry out (a background child's call, which it drops).
+so does one the next start would not carry out: a background child's call (it drops it), or a
+call past its stored deadline (the deadline is binding: it declines it for its timeout).
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
-from actors.core.approvals import NOT_WAITING, dropped_at_start, shell_refusal
+from actors.core.approvals import (
+    NOT_WAITING,
+    dropped_at_start,
+    past_deadline,
+    shell_refusal,
+    stored_timeout_s,
+    timeout_reason,
+)
 from actors.core.config import Config
 from actors.shells.render import approvals_table
 from actors.stores.base import StoreError
@@ -40,16 +49,24 @@ runtime runs the session: a decision written behind it would never reach its tur
 
 def cmd_approvals(args: argparse.Namespace, config: Config) -> int:
     """List the calls waiting for a person, oldest first, the untrusted flag shown: only those
-    a decision here is carried out for (a background child's call, which the next start
-    drops, is counted below the table, not offered)."""
+    a decision here is carried out for. Below the table: each call past its deadline (the
+    next start declines it for its timeout), and how many background children's calls were
+    left out (the next start drops them)."""
     store = open_store(config)
     try:
         waiting = [e for e in store.approvals() if e.approved is None]
     finally:
         store.close()
-    offered = tuple(e.request for e in waiting if not dropped_at_start(e))
-    print(approvals_table(offered))
-    cut_off = len(waiting) - len(offered)
+    now = datetime.now(UTC)
+    kept = [e for e in waiting if not dropped_at_start(e)]
+    print(approvals_table(tuple(e.request for e in kept if not past_deadline(e, now))))
+    for e in (e for e in kept if past_deadline(e, now)):
+        r, reason = e.request, timeout_reason(stored_timeout_s(e))
+        print(
+            f"past its deadline: call {r.call_id} of session {r.session} ({r.tool}); the "
+            f"next start declines it: {reason}"
+        )
+    cut_off = len(waiting) - len(kept)
     if cut_off:
         calls = "call" if cut_off == 1 else "calls"
         print(
@@ -89,7 +106,8 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
         store = open_store(config)
         try:
             # The home's lock (SQLite) keeps the row as read until the decision is written.
-            refused = shell_refusal(_row(store.approvals(), session, call_id), session, call_id)
+            row = _row(store.approvals(), session, call_id)
+            refused = shell_refusal(row, session, call_id, datetime.now(UTC))
             done = refused is None and store.settle_approval(session, call_id, approved, reason)
         except StoreError as exc:
             if not exc.held_elsewhere:
