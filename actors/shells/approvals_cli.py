@@ -46,6 +46,15 @@ HELD_ELSEWHERE = (
 """What ``loopd approve`` / ``deny`` print (exit 2) when, on a shared store, another process's
 runtime runs the session: a decision written behind it would never reach its turn."""
 
+SHARED_STORE_CAVEAT = (
+    " (on a shared store, a runtime that holds the session without its actor, waiting since "
+    "its start or passivated, does not see this decision: one made through that runtime, or "
+    "its timeout, comes first; see docs/runbook.md#approval-held-elsewhere)"
+)
+"""Added to what ``loopd approve`` / ``deny`` print on a shared store (PostgreSQL): such a
+runtime holds no lock the CLI could see, so the decision recorded here is carried out only if
+that runtime stops before it settles the call itself."""
+
 
 def cmd_approvals(args: argparse.Namespace, config: Config) -> int:
     """List the calls waiting for a person, oldest first, the untrusted flag shown: only those
@@ -122,7 +131,8 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
         print(ApprovalRefused(session, call_id, detail).detail)
         return 1
     word = "approved" if approved else "declined"
-    print(f"call {call_id} of session {session} {word}; its turn resumes at the next start")
+    caveat = SHARED_STORE_CAVEAT if config.store.url is not None else ""
+    print(f"call {call_id} of session {session} {word}; its turn resumes at the next start{caveat}")
     return 0
 
 
