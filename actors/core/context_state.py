@@ -255,16 +255,12 @@ class ContextState(BackgroundSpawns):
             child = child_id(msg.parent, msg.call_id)
         except ArgumentError as exc:  # the session checks first; answer all the same
             return self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail))
-        limit = self.config.loop.max_children_total
-        if self.holds.children() >= limit:
-            detail = f"the runtime already runs {limit} children (loop.max_children_total)"
-            return self._deny(msg, denial_message(DenyReason.LIMIT, detail))
+        denial = self.limit_denial(msg.parent, msg.background)
+        if denial is not None:
+            return self._deny(msg, denial)
         if msg.agent not in self.agents:  # the session checks first; answer all the same
             detail = f"unknown agent: {msg.agent}"
             return self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, detail))
-        denial = self._background_denial(msg) if msg.background else None
-        if denial is not None:
-            return self._deny(msg, denial)
         text = child_text(msg.task, self.config.loop.tool_result_cap, self.clock())
         spawn = next(self.spawns)
         hold = Hold(
