@@ -3,17 +3,19 @@ clients too slow to keep up (dropped, or cut off), with real actors and a real u
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 import time
+from typing import Any
 
 import msgspec
 from service_kit import WAIT, Reader, ended
 
 from actors.shells.demo import DEMO_SESSION, DEMO_TEXT
+from actors.shells.service.events import EventHub
 from actors.testing import reply
-from messages import (
-    TurnEvent,
-)
+from messages import TextDelta, TurnEnded, TurnEvent
 
 
 def test_events_stream_every_event_of_the_family_with_increasing_ids_and_tags(serve) -> None:
@@ -160,3 +162,41 @@ def test_head_of_events_is_the_head_only(serve) -> None:
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     assert s.service.state.hub.clients == 0
+
+
+def test_events_nobody_watched_are_replayed_from_the_start(serve) -> None:
+    # Frames are encoded when a client first needs them: a turn nobody streamed is kept as
+    # events and still replays whole, in order, from Last-Event-ID 0.
+    s = serve()
+    s.client.post(f"/v1/sessions/{DEMO_SESSION}/turns", json={"text": DEMO_TEXT})
+    replayed = Reader(s.client, ended(DEMO_SESSION), headers={"Last-Event-ID": "0"}).wait()
+    assert [int(f["id"]) for f in replayed] == list(range(1, len(replayed) + 1))
+    events = [msgspec.json.decode(f["data"], type=TurnEvent) for f in replayed]
+    assert [f["event"] for f in replayed] == [type(e).__name__ for e in events]
+    assert {e.session for e in events} == {"demo", "sub-demo-1", "sub-sub-demo-1-1"}
+    assert isinstance(events[-1], TurnEnded)
+
+
+def test_a_burst_of_events_from_the_bus_thread_keeps_its_order_and_numbers() -> None:
+    # The bus thread queues events and wakes the loop only when no drain is pending: however
+    # the two interleave, every event is published once, in order, numbered 1, 2, 3...
+    count = 2000
+
+    async def run() -> list[int]:
+        hub = EventHub(replay_events=count, client_queue=count)
+        offers: list[Any] = []
+        hub.attach(lambda offer: (offers.append(offer), lambda: None)[1])
+        client = hub.open(None)
+        bursts = [TextDelta(session=f"s{i % 7}", text=str(i)) for i in range(count)]
+        thread = threading.Thread(target=lambda: [offers[0](event) for event in bursts])
+        thread.start()
+        frames: list[bytes] = []
+        async with asyncio.timeout(WAIT):
+            while len(frames) < count:
+                frames += await client.next_frames(WAIT) or []
+        thread.join(WAIT)
+        texts = [msgspec.json.decode(f.split(b"data: ")[1])["text"] for f in frames]
+        assert texts == [str(i) for i in range(count)]
+        return [int(f.split(b"\n")[0].removeprefix(b"id: ")) for f in frames]
+
+    assert asyncio.run(run()) == list(range(1, count + 1))

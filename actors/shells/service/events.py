@@ -1,10 +1,12 @@
 """Turn events to the service's SSE clients: one subscription to the runtime, numbered events,
 a bounded replay buffer and a bounded queue per client.
 
-The runtime's event bus calls :meth:`EventHub.offer` on its own thread; that only hands the
-event to the service's loop (``call_soon_threadsafe``), so no client, however slow, ever holds
-up the bus. On the loop each event gets the next id, is encoded once into its SSE frame, kept in
-the replay buffer, and appended to the queue of every client whose filter it passes. A client
+The runtime's event bus calls :meth:`EventHub.offer` on its own thread; that only queues the
+event for the service's loop (waking the loop with ``call_soon_threadsafe`` when no drain is
+pending already, so a burst of events is one wake-up), so no client, however slow, ever holds
+up the bus. On the loop each event gets the next id, is kept in the replay buffer, and is
+appended to the queue of every client whose filter it passes; its SSE frame is encoded once,
+when the first client needs it. A client
 whose queue is full has fallen behind: it is told (a ``dropped`` event naming the last id it
 was sent) and its stream ends; it may reconnect with ``Last-Event-ID`` to replay what the buffer
 still holds.
@@ -16,7 +18,6 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -41,11 +42,26 @@ def control_frame(kind: str, **fields: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (kind.encode(), data)
 
 
-@dataclass(frozen=True, slots=True)
 class _Entry:
-    number: int
-    session: str
-    frame: bytes
+    """A numbered event; its SSE frame is encoded the first time a client needs it (most events
+    of a service nobody watches leave the replay buffer unread)."""
+
+    __slots__ = ("_frame", "event", "number", "session")
+
+    def __init__(self, number: int, event: TurnEvent) -> None:
+        self.number = number
+        self.session = event.session
+        self.event: TurnEvent | None = event
+        self._frame: bytes | None = None
+
+    @property
+    def frame(self) -> bytes:
+        """The event's SSE frame (encoded once)."""
+        if self._frame is None:
+            assert self.event is not None
+            self._frame = event_frame(self.number, self.event)
+            self.event = None
+        return self._frame
 
 
 class Subscriber:
@@ -123,6 +139,8 @@ class EventHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
+        self._inbox: deque[TurnEvent] = deque()  # filled by the bus thread, drained on the loop
+        self._draining = False  # a drain is scheduled on the loop and has not started yet
 
     @property
     def clients(self) -> int:
@@ -140,17 +158,27 @@ class EventHub:
         self._unsubscribe = subscribe(self.offer)
 
     def offer(self, event: TurnEvent) -> None:
-        """The bus thread's call: hand ``event`` to the loop and return at once."""
+        """The bus thread's call: queue ``event`` for the loop and return at once."""
         loop = self._loop
         if loop is None or self._closed:
             return
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens any more
-            loop.call_soon_threadsafe(self._publish, event)
+        self._inbox.append(event)
+        if not self._draining:  # else the drain already scheduled takes this event too
+            self._draining = True
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens any more
+                loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        # Cleared before popping: an event queued from here on schedules a drain of its own.
+        self._draining = False
+        inbox = self._inbox
+        while inbox:
+            self._publish(inbox.popleft())
 
     def _publish(self, event: TurnEvent) -> None:
         if self._closed:
             return
-        entry = _Entry(self._next, event.session, event_frame(self._next, event))
+        entry = _Entry(self._next, event)
         self._next += 1
         if self.replay_events:
             self._buffer.append(entry)
