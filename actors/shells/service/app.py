@@ -32,7 +32,7 @@ from actors.shells.service.auth import Gate
 from actors.shells.service.events import EventHub, Subscriber
 from actors.shells.service.openapi import openapi_document
 from actors.shells.service.settings import ServiceSettings
-from actors.shells.views import turn_usage
+from actors.shells.views import session_backend, turn_usage
 from actors.stores.base import SessionNotFound, StoreBackend, StoreError
 from actors.stores.open import open_store
 from actors.stores.reader import StoreReader
@@ -353,6 +353,7 @@ def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
         record = store.open(session)
         children = store.children(session)
         turns = turn_usage(store, session)
+        history = store.history(session)
     finally:
         store.close()
     return {
@@ -361,13 +362,17 @@ def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
         "parent": record.parent,
         "state": _row_state(status, session),
         "slot": record.slot,
+        "backend": session_backend(record.agent, state.runtime.runtime.config),
         "turns": record.turns,
         "untrusted": record.untrusted,
         "next_call_id": record.next_call_id,
         "children": children,
         "usage": total_usage(own for own, _ in turns),
         "usage_with_children": total_usage(every for _, every in turns),
+        "turn_usage": [{"usage": own, "usage_with_children": every} for own, every in turns],
         "transcript": record.transcript,
+        # Every stored message, those a compaction replaced included (marked), numbered.
+        "history": history,
     }
 
 
