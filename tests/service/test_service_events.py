@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 from service_kit import WAIT, Reader, ended
 
-from actors.shells.demo import DEMO_SESSION, DEMO_TEXT
+from actors.shells.demo import DEMO_SESSION, DEMO_TEXT, demo_script
 from actors.shells.service.events import EventHub
 from actors.testing import reply
-from messages import TextDelta, TurnEnded, TurnEvent
+from messages import McpServerUp, TextDelta, TurnEnded, TurnEvent
 
 
 def test_events_stream_every_event_of_the_family_with_increasing_ids_and_tags(serve) -> None:
@@ -177,9 +177,10 @@ def test_events_nobody_watched_are_replayed_from_the_start(serve) -> None:
     assert isinstance(events[-1], TurnEnded)
 
 
-def test_a_burst_of_events_from_the_bus_thread_keeps_its_order_and_numbers() -> None:
-    # The bus thread queues events and wakes the loop only when no drain is pending: however
-    # the two interleave, every event is published once, in order, numbered 1, 2, 3...
+def test_a_burst_of_events_from_another_thread_keeps_its_order_and_numbers() -> None:
+    # An actor thread queues events and wakes the loop only when no drain is pending: however
+    # the two interleave, every turn event is published once, in order, numbered 1, 2, 3...,
+    # and an event that names no session (an MCP server's) is skipped, not a stop.
     count = 2000
 
     async def run() -> list[int]:
@@ -187,7 +188,8 @@ def test_a_burst_of_events_from_the_bus_thread_keeps_its_order_and_numbers() -> 
         offers: list[Any] = []
         hub.attach(lambda offer: (offers.append(offer), lambda: None)[1])
         client = hub.open(None)
-        bursts = [TextDelta(session=f"s{i % 7}", text=str(i)) for i in range(count)]
+        bursts: list[Any] = [TextDelta(session=f"s{i % 7}", text=str(i)) for i in range(count)]
+        bursts.insert(count // 2, McpServerUp(server="files"))  # no session: not streamed
         thread = threading.Thread(target=lambda: [offers[0](event) for event in bursts])
         thread.start()
         frames: list[bytes] = []
@@ -200,3 +202,42 @@ def test_a_burst_of_events_from_the_bus_thread_keeps_its_order_and_numbers() -> 
         return [int(f.split(b"\n")[0].removeprefix(b"id: ")) for f in frames]
 
     assert asyncio.run(run()) == list(range(1, count + 1))
+
+
+def test_an_inline_subscriber_sees_what_the_bus_does_on_the_emitting_thread(
+    loopd_runtime, caplog
+) -> None:
+    # The service's hub subscribes inline (no hop to the bus's thread): it must see the same
+    # events in the same order as a bus subscriber, and one that raises fails no turn.
+    rt = loopd_runtime(demo_script)
+    inline: list[TurnEvent] = []
+    threads: set[str] = set()
+    bus: list[TurnEvent] = []
+    done = threading.Event()
+
+    def on_bus(event: TurnEvent) -> None:
+        bus.append(event)
+        if isinstance(event, TurnEnded) and event.session == DEMO_SESSION:
+            done.set()
+
+    def keep(event: TurnEvent) -> None:
+        inline.append(event)
+        threads.add(threading.current_thread().name)
+
+    def broken(event: TurnEvent) -> None:
+        raise RuntimeError("a broken subscriber")
+
+    rt.subscribe(keep, inline=True)
+    rt.subscribe(broken, inline=True)
+    rt.subscribe(on_bus)
+    outcome = rt.run_turn(DEMO_SESSION, DEMO_TEXT, timeout=WAIT)
+    assert type(outcome).__name__ == "TurnCompleted"
+    assert done.wait(WAIT)
+    # Each session's events in its order (two sessions' threads may interleave differently).
+    for session in {e.session for e in bus}:
+        assert [e for e in inline if e.session == session] == [
+            e for e in bus if e.session == session
+        ]
+    assert len(inline) == len(bus) and {e.session for e in inline} == {e.session for e in bus}
+    assert not any(name.startswith("EventBus") for name in threads)
+    assert "a broken subscriber" in caplog.text

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -593,7 +594,7 @@ def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.hub.attach(runtime.runtime.subscribe)
+        state.hub.attach(functools.partial(runtime.runtime.subscribe, inline=True))
         try:
             yield
         finally:
