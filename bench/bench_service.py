@@ -1,10 +1,17 @@
-"""Benchmark of the HTTP service: concurrent turns through the API (an httpx client on
-127.0.0.1, in this process; the service in a child process, as a real one runs) against the
-same turns through AsyncRuntime directly, and many event clients at once, on the scripted
-model (no LLM).
+"""Benchmark of the HTTP service: concurrent turns through the API against the same turns
+through AsyncRuntime directly, and many event clients at once, on the scripted model (no LLM).
 
-Run: python bench/bench_service.py [--turns N] [--clients K]. Prints one line per
-measurement; nothing is asserted.
+Each side runs in a process of its own, started once: the direct side is a child process
+running ``AsyncRuntime`` and its callers on one loop (no HTTP); the API side is a child process
+serving a runtime (``Service``, as ``loopd serve`` does), and the HTTP client is this process, a
+minimal HTTP/1.1 client opening one connection per turn. So the client never competes with the
+service for its GIL, though it does for the machine's cores (its CPU per turn is printed too).
+The two sides run alternated in blocks of ``--turns`` concurrent turns (new sessions each), so a
+machine that gets busier or quieter meets each alike; the ratio is the median of the ratios of
+blocks run side by side.
+
+Run: python bench/bench_service.py [--turns N] [--repeats R] [--clients K]. Prints one line
+per measurement; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 
@@ -34,68 +43,115 @@ def _model() -> ScriptedModel:
     return ScriptedModel(lambda request: reply(f"ok {request.session}"))
 
 
-def _line(what: str, count: int, took: float, latencies: list[float]) -> str:
-    p50 = statistics.median(latencies) * 1e3
-    p99 = sorted(latencies)[int(len(latencies) * 0.99) - 1] * 1e3
-    return (
-        f"{what}: {count} concurrent turns in {took:.2f} s ({count / took:.0f} turns/s); "
-        f"latency p50 {p50:.0f} ms, p99 {p99:.0f} ms"
-    )
+def _cpu() -> float:
+    """This process's CPU seconds so far (user and system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
-async def direct(count: int, prefix: str) -> tuple[float, float]:
-    with tempfile.TemporaryDirectory() as home:
-        async with AsyncRuntime.start(Config(home=home), model=_model()) as rt:
-            await rt.run_turn("warm", "hi", timeout=60)
-            latencies: list[float] = []
+def _p99(latencies: list[float]) -> float:
+    return sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)]
 
-            async def one(i: int) -> None:
-                start = time.perf_counter()
-                outcome = await rt.run_turn(f"{prefix}{i}", "hi", timeout=300)
-                assert isinstance(outcome, TurnCompleted)
-                latencies.append(time.perf_counter() - start)
 
-            start = time.perf_counter()
-            await asyncio.gather(*(one(i) for i in range(count)))
-            took = time.perf_counter() - start
-    print(_line("direct (AsyncRuntime)", count, took, latencies), flush=True)
-    return count / took, sorted(latencies)[int(len(latencies) * 0.99) - 1]
+def _block(count: int, took: float, latencies: list[float], cpu: float) -> dict[str, float]:
+    """One block's figures: turns/s, p50 and p99 in seconds, CPU seconds per turn."""
+    return {
+        "rate": count / took,
+        "p50": statistics.median(latencies),
+        "p99": _p99(latencies),
+        "cpu": cpu / count,
+    }
+
+
+async def _direct_block(rt: AsyncRuntime, prefix: str, count: int) -> dict[str, float]:
+    """``count`` concurrent turns through ``rt``: the block's figures."""
+    latencies: list[float] = []
+
+    async def one(session: str) -> None:
+        start = time.perf_counter()
+        outcome = await rt.run_turn(session, "hi", timeout=300)
+        assert isinstance(outcome, TurnCompleted)
+        latencies.append(time.perf_counter() - start)
+
+    cpu, start = _cpu(), time.perf_counter()
+    await asyncio.gather(*(one(f"{prefix}{i}") for i in range(count)))
+    return _block(count, time.perf_counter() - start, latencies, _cpu() - cpu)
+
+
+def direct_here() -> None:
+    """The direct side's child: a runtime on the scripted model and its callers on one loop
+    (asyncio's own, as an application's); each line ``PREFIX COUNT`` on stdin runs COUNT
+    concurrent turns and prints the block's figures as JSON, until stdin closes."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as home:
+            async with AsyncRuntime.start(Config(home=home), model=_model()) as rt:
+                await rt.run_turn("warm", "hi", timeout=60)
+                print("ready", flush=True)
+                loop = asyncio.get_running_loop()
+                while line := await loop.run_in_executor(None, sys.stdin.readline):
+                    prefix, count = line.split()
+                    print(json.dumps(await _direct_block(rt, prefix, int(count))), flush=True)
+
+    asyncio.run(run())
 
 
 def serve_here() -> None:
-    """The child: a runtime on the scripted model, served on a free port, until stdin closes."""
+    """The API side's child: a runtime on the scripted model, served on a free port; prints its
+    URL, then answers each line on stdin with its CPU seconds so far, until stdin closes."""
     with (
         tempfile.TemporaryDirectory() as home,
         Runtime.start(Config(home=home), model=_model()) as rt,
         Service.start(rt, ServiceSettings("127.0.0.1", 0)) as service,
     ):
         print(service.url, flush=True)
-        sys.stdin.read()
+        while sys.stdin.readline():
+            print(_cpu(), flush=True)
 
 
 @contextlib.contextmanager
-def served() -> Iterator[str]:
-    """A child process serving a runtime; its URL."""
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
+def child(flag: str) -> Iterator[subprocess.Popen[str]]:
+    """A child process of this bench (``--serve`` or ``--direct``), talked to over its stdin
+    and stdout; it ends when its stdin closes."""
+    process = subprocess.Popen(
+        [sys.executable, __file__, flag],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        assert child.stdout is not None and child.stdin is not None
-        yield child.stdout.readline().strip()
+        yield process
     finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait(60)
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(60)
 
 
-async def _post(host: str, port: int, path: str, body: bytes) -> bytes:
-    """One POST on a new connection, read to the end of its answer: a minimal HTTP/1.1 client
-    (httpx's async pool costs more CPU per request than the service itself, so with it this
-    bench would measure the client)."""
-    reader, writer = await asyncio.open_connection(host, port)
+def _ask(process: subprocess.Popen[str], line: str) -> str:
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(line + "\n")
+    process.stdin.flush()
+    return process.stdout.readline().strip()
+
+
+@contextlib.contextmanager
+def served() -> Iterator[str]:
+    """A child process serving a runtime; its URL."""
+    with child("--serve") as process:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _post(
+    host: str, port: int, path: str, body: bytes, kept: Connection | None = None
+) -> bytes:
+    """One POST read to the end of its answer: a minimal HTTP/1.1 client (httpx's async pool
+    costs more CPU per request than the service itself, so with it this bench would measure
+    the client). On a new connection, closed after, unless ``kept`` is one to reuse."""
+    reader, writer = kept or await asyncio.open_connection(host, port)
     try:
         writer.write(
             b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
@@ -111,28 +167,115 @@ async def _post(host: str, port: int, path: str, body: bytes) -> bytes:
         assert head.startswith(b"HTTP/1.1 200"), head
         return await reader.readexactly(length)
     finally:
-        writer.close()
+        if kept is None:
+            writer.close()
 
 
-async def through_http(count: int, prefix: str) -> tuple[float, float]:
-    with served() as url:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        await _post(host, int(port), "/v1/sessions/warm/turns", b'{"text": "hi"}')
-        latencies: list[float] = []
+async def http_block(
+    host: str,
+    port: int,
+    service: subprocess.Popen[str],
+    prefix: str,
+    count: int,
+    kept: list[Connection] | None = None,
+) -> tuple[dict[str, float], float]:
+    """``count`` concurrent turns through the API, each on a new connection (or on one of
+    ``kept``, opened before): the block's figures (``cpu`` the service process's CPU per turn)
+    and this client's CPU seconds per turn."""
+    latencies: list[float] = []
 
-        async def one(i: int) -> None:
-            start = time.perf_counter()
-            answer = await _post(
-                host, int(port), f"/v1/sessions/{prefix}{i}/turns", b'{"text": "hi"}'
-            )
-            assert b'"type":"TurnCompleted"' in answer
-            latencies.append(time.perf_counter() - start)
-
+    async def one(i: int) -> None:
         start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(count)))
-        took = time.perf_counter() - start
-    print(_line("through the API", count, took, latencies), flush=True)
-    return count / took, sorted(latencies)[int(len(latencies) * 0.99) - 1]
+        path = f"/v1/sessions/{prefix}{i}/turns"
+        answer = await _post(host, port, path, b'{"text": "hi"}', kept[i] if kept else None)
+        assert b'"type":"TurnCompleted"' in answer
+        latencies.append(time.perf_counter() - start)
+
+    served_cpu, client_cpu, start = float(_ask(service, "cpu")), _cpu(), time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(count)))
+    took = time.perf_counter() - start
+    client = (_cpu() - client_cpu) / count
+    return _block(count, took, latencies, float(_ask(service, "cpu")) - served_cpu), client
+
+
+def _client_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The HTTP client's event loop: uvloop's where it is installed (the service's extra
+    brings it), so the load generator costs the machine less CPU per request; else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _side(name: str, blocks: list[dict[str, float]]) -> str:
+    rates = [b["rate"] for b in blocks]
+    return (
+        f"{name}: {statistics.median(rates):.0f} turns/s (blocks {min(rates):.0f}-"
+        f"{max(rates):.0f}); latency p50 {statistics.median(b['p50'] for b in blocks) * 1e3:.0f}"
+        f" ms, p99 {statistics.median(b['p99'] for b in blocks) * 1e3:.0f} ms; CPU "
+        f"{statistics.median(b['cpu'] for b in blocks) * 1e3:.2f} ms a turn"
+    )
+
+
+def turns(count: int, repeats: int, keep_alive: bool) -> None:
+    """``repeats`` rounds of blocks of ``count`` concurrent turns: direct, then through the API
+    on new connections, then (with ``keep_alive``) on ``count`` connections opened once and
+    kept, as a client's pool keeps them; a first round warms every side up."""
+    with (
+        child("--direct") as direct,
+        child("--serve") as service,
+        asyncio.Runner(loop_factory=_client_loop()) as client_loop,
+    ):
+        assert direct.stdout is not None and service.stdout is not None
+        assert direct.stdout.readline().strip() == "ready"
+        host, port = service.stdout.readline().strip().removeprefix("http://").rsplit(":", 1)
+        opened = client_loop.run(_connections(host, int(port), count if keep_alive else 0))
+        blocks: dict[str, list[dict[str, float]]] = {"direct": [], "new": [], "kept": []}
+        clients: list[float] = []
+        for repeat in range(repeats + 1):
+            block = json.loads(_ask(direct, f"d{repeat}- {count}"))
+            new, client = client_loop.run(
+                http_block(host, int(port), service, f"h{repeat}-", count)
+            )
+            kept = None
+            if keep_alive:
+                kept, _ = client_loop.run(
+                    http_block(host, int(port), service, f"k{repeat}-", count, opened)
+                )
+            if repeat:  # the first round warms every side up
+                blocks["direct"].append(block)
+                blocks["new"].append(new)
+                clients.append(client)
+                if kept is not None:
+                    blocks["kept"].append(kept)
+        for _, writer in opened:
+            writer.close()
+    print(_side(f"direct (AsyncRuntime), {count} concurrent turns", blocks["direct"]), flush=True)
+    print(
+        _side(f"through the API, {count} concurrent turns", blocks["new"])
+        + f" (the service's process; the HTTP client's: "
+        f"{statistics.median(clients) * 1e3:.2f} ms)",
+        flush=True,
+    )
+    print(_ratio("the API against direct", blocks["direct"], blocks["new"]), flush=True)
+    if keep_alive:
+        print(_side("through the API on kept connections", blocks["kept"]), flush=True)
+        print(_ratio("kept connections against direct", blocks["direct"], blocks["kept"]))
+
+
+async def _connections(host: str, port: int, count: int) -> list[Connection]:
+    """``count`` connections to the service, opened now, for the blocks to reuse."""
+    return [await asyncio.open_connection(host, port) for _ in range(count)]
+
+
+def _ratio(what: str, direct: list[dict[str, float]], http: list[dict[str, float]]) -> str:
+    ratios = [h["rate"] / d["rate"] for d, h in zip(direct, http, strict=True)]
+    p99s = [h["p99"] / d["p99"] for d, h in zip(direct, http, strict=True)]
+    return (
+        f"{what}: {statistics.median(ratios):.2f}x the turns/s (blocks "
+        f"{min(ratios):.2f}-{max(ratios):.2f}), {statistics.median(p99s):.2f}x the p99"
+    )
 
 
 async def event_clients(clients: int, turns: int) -> None:
@@ -181,20 +324,25 @@ async def event_clients(clients: int, turns: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument(
+        "--keep-alive", action="store_true", help="also turns on connections kept open"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be 1 or more")
     if args.serve:
         serve_here()
         return
-    direct_rate, direct_p99 = asyncio.run(direct(args.turns, "d"))
-    http_rate, http_p99 = asyncio.run(through_http(args.turns, "h"))
-    print(
-        f"the API against direct: {http_rate / direct_rate:.2f}x the turns/s, "
-        f"p99 {http_p99 * 1e3:.0f} ms against {direct_p99 * 1e3:.0f} ms",
-        flush=True,
-    )
-    asyncio.run(event_clients(args.clients, 100))
+    if args.direct:
+        direct_here()
+        return
+    turns(args.turns, args.repeats, args.keep_alive)
+    if args.clients:
+        asyncio.run(event_clients(args.clients, 100))
 
 
 if __name__ == "__main__":

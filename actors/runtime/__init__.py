@@ -403,12 +403,16 @@ class Runtime:
         """The Context actor's ref, for ``tell`` and ``ask`` from outside the actors."""
         return self._refs[CONTEXT]
 
-    def subscribe(self, fn: Callable[[TurnEvent], Any]) -> Callable[[], None]:
+    def subscribe(
+        self, fn: Callable[[TurnEvent], Any], *, inline: bool = False
+    ) -> Callable[[], None]:
         """Call ``fn(event)`` for every turn event, children's included, from the bus thread.
 
+        With ``inline``, ``fn`` is called at once on the thread that emits the event (an
+        actor's), with no hop to the bus: it must only hand the event on, never block.
         Returns a function that unsubscribes ``fn``.
         """
-        return self._subscribers.add(fn)
+        return self._subscribers.add(fn, inline)
 
     def send_turn(
         self,

@@ -25,15 +25,23 @@ class Subscribers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: list[Subscriber] = []
+        self.inline: tuple[Subscriber, ...] = ()
+        """Subscribers called on the emitting thread (replaced whole, so read without a lock)."""
 
-    def add(self, fn: Subscriber) -> Callable[[], None]:
-        """Add ``fn``; returns a function that removes it again."""
+    def add(self, fn: Subscriber, inline: bool = False) -> Callable[[], None]:
+        """Add ``fn`` (called on the emitting thread with ``inline``); returns a function that
+        removes it again."""
         with self._lock:
-            self._items.append(fn)
+            if inline:
+                self.inline = (*self.inline, fn)
+            else:
+                self._items.append(fn)
 
         def remove() -> None:
             with self._lock:
-                if fn in self._items:
+                if inline:
+                    self.inline = tuple(f for f in self.inline if f is not fn)
+                elif fn in self._items:
                     self._items.remove(fn)
 
         return remove
@@ -87,6 +95,12 @@ class EventSink:
         self.subscribers = subscribers
 
     def tell(self, message: Any) -> None:
-        """Hand ``message`` to the bus if anyone subscribes."""
+        """Call the inline subscribers, then hand ``message`` to the bus if anyone else
+        subscribes."""
+        for fn in self.subscribers.inline:
+            try:
+                fn(message)
+            except Exception:
+                log.exception("event subscriber %r failed on %s", fn, type(message).__name__)
         if self.subscribers.any():
             self.bus.tell(message)

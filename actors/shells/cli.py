@@ -231,16 +231,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    """List stored sessions, or show one (through the service on a served home: the list;
-    ``show`` reads the store, which needs no lock, unless ``--connect`` names a service)."""
+    """List stored sessions, or show one: through the service on a served home (or the one
+    ``--connect`` names), else from the store, read-only."""
     config = _config(args)
-    if args.action != "show" or args.connect is not None:
-        remote = client.client_for(args, config)
-        if remote is not None:
-            try:
-                return client.remote_sessions(remote, args)
-            finally:
-                remote.close()
+    remote = client.client_for(args, config)
+    if remote is not None:
+        try:
+            return client.remote_sessions(remote, args)
+        finally:
+            remote.close()
     if config.store.url is not None:  # a PostgreSQL store: read it there
         shared = open_store(config)
         try:

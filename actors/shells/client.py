@@ -25,6 +25,8 @@ from actors.core.config import Config
 from actors.core.text import escape_controls, redact
 from actors.shells.render import EventPrinter, approvals_table, table
 from actors.shells.served import Served, find_served
+from actors.shells.views import ShownSession, print_shown, print_shown_json
+from actors.stores.base import SessionNotFound, StoredMessage
 from messages import (
     ApprovalRefused,
     ApprovalRequested,
@@ -33,6 +35,7 @@ from messages import (
     TurnEnded,
     TurnEvent,
     TurnOutcome,
+    Usage,
     check_session_id,
     check_text,
     check_top_level_session,
@@ -66,6 +69,26 @@ _LOCAL_ONLY = (
     ("tools", "--tools"),
 )
 """``run`` flags that configure a local runtime: through a service they are refused."""
+
+
+class _TurnUsage(msgspec.Struct, frozen=True):
+    usage: Usage
+    usage_with_children: Usage
+
+
+class _SessionAnswer(msgspec.Struct, frozen=True):
+    """The fields of ``GET /v1/sessions/{id}`` that ``sessions show`` prints (others ignored)."""
+
+    session: str
+    slot: int
+    agent: str
+    turns: int
+    untrusted: bool
+    next_call_id: int
+    children: tuple[str, ...]
+    turn_usage: tuple[_TurnUsage, ...]
+    history: tuple[StoredMessage, ...]
+    backend: str | None = None
 
 
 class ServiceError(RuntimeError):
@@ -155,6 +178,34 @@ class ServiceClient:
         """``GET /v1/sessions/{id}``: one stored session."""
         shown: dict[str, Any] = self._get(f"/v1/sessions/{session}")
         return shown
+
+    def shown(self, session: str) -> ShownSession:
+        """``GET /v1/sessions/{id}`` as ``loopd sessions show`` prints it; ``SessionNotFound``
+        (the store's own error, so the CLI says what it says locally) for a session that is not
+        stored."""
+        with self._answer():
+            response = self._http.get(f"/v1/sessions/{session}")
+        if response.status_code == 404:
+            raise SessionNotFound(session)
+        try:
+            view = msgspec.json.decode(self._check(response).content, type=_SessionAnswer)
+        except msgspec.ValidationError as exc:  # a service of an older loopd: no history
+            raise ServiceError(
+                f"the loopd service at {self.url} answered a session view this loopd cannot "
+                f"show ({exc}); it may be an older version"
+            ) from None
+        return ShownSession(
+            id=view.session,
+            slot=view.slot,
+            backend=view.backend,
+            agent=view.agent,
+            turns=view.turns,
+            untrusted=view.untrusted,
+            next_call_id=view.next_call_id,
+            children=view.children,
+            turn_usage=tuple((t.usage, t.usage_with_children) for t in view.turn_usage),
+            history=view.history,
+        )
 
     def approvals(self) -> tuple[ApprovalRequested, ...]:
         """``GET /v1/approvals``: the calls waiting for a person's decision."""
@@ -340,35 +391,13 @@ def remote_sessions(client: ServiceClient, args: argparse.Namespace) -> int:
 
 
 def _remote_show(client: ServiceClient, args: argparse.Namespace) -> int:
-    """``sessions show ID --connect``: the service's answer (its live transcript: compacted
-    messages and each turn's usage are what the store-side ``sessions show`` adds)."""
-    shown = client.session(check_session_id(args.id))
+    """``sessions show ID`` through the service: what the store-side command prints (text or
+    ``--json``), from the service's view of the session."""
+    shown = client.shown(check_session_id(args.id))
     if args.json:
-        print(msgspec.json.encode(shown).decode())
-        return 0
-    from actors.core.usage import format_usage
-    from messages import ChatMessage, Usage
-
-    print(f"session   {shown['session']}")
-    print(f"slot      {shown['slot']}")
-    print(f"agent     {shown['agent']}")
-    print(f"turns     {shown['turns']}")
-    print(f"untrusted {'yes' if shown['untrusted'] else 'no'}")
-    print(f"next call {shown['next_call_id']}")
-    print(f"children  {', '.join(shown['children']) or '-'}")
-    print(f"usage     {format_usage(msgspec.convert(shown['usage'], Usage))}")
-    print(f"  with children {format_usage(msgspec.convert(shown['usage_with_children'], Usage))}")
-    print()
-    for m in msgspec.convert(shown["transcript"], list[ChatMessage]):
-        who = m.role + (f" {m.name}" if m.name else "")
-        if m.tool_call_id is not None:
-            who += f" #{m.tool_call_id}"
-        print(escape_controls(who, one_line=True))
-        for line in (m.content or "").split("\n") if m.content else ():
-            print(f"    {escape_controls(line)}")
-        for call in m.tool_calls:
-            shown_call = f"    → #{call.id} {call.name}({call.as_written})"
-            print(escape_controls(shown_call, one_line=True))
+        print_shown_json(shown)
+    else:
+        print_shown(shown)
     return 0
 
 

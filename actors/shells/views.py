@@ -25,9 +25,14 @@ __all__ = [
     "SessionRow",
     "SessionTable",
     "SessionView",
+    "ShownSession",
+    "print_shown",
+    "print_shown_json",
+    "session_backend",
     "session_view",
     "show_session",
     "show_session_json",
+    "shown_from_store",
     "slot_text",
     "turn_usage",
 ]
@@ -142,25 +147,80 @@ def turn_usage(store: _Reader, session: str, *, _depth: int = 0) -> list[tuple[U
     return turns
 
 
+@dataclass(frozen=True)
+class ShownSession:
+    """What ``loopd sessions show`` prints about one session: read from a store
+    (:func:`shown_from_store`), or from a service's ``GET /v1/sessions/{id}``
+    (actors.shells.client), so a served home shows exactly what its store does."""
+
+    id: str
+    slot: int
+    backend: str | None
+    """The model backend of the session's profile (None: not known, the slot is shown)."""
+    agent: str
+    turns: int
+    untrusted: bool
+    next_call_id: int
+    children: tuple[str, ...]
+    turn_usage: tuple[tuple[Usage, Usage], ...]
+    """``(own, with children)`` of each stored turn (:func:`turn_usage`)."""
+    history: tuple[StoredMessage, ...]
+    """Every stored message, compacted ones included, with its ``seq``."""
+
+
+def session_backend(agent: str, config: Config | None) -> str | None:
+    """The model backend ``agent``'s profile speaks by ``config`` (``model.backend`` for a
+    profile no longer configured); None without ``config``."""
+    if config is None:
+        return None
+    backend = config.model.backend
+    with contextlib.suppress(KeyError):
+        backend = config.agent(agent).backend or backend
+    return backend
+
+
+def shown_from_store(
+    store: StoreBackend, session: str, config: Config | None = None
+) -> ShownSession:
+    """``session`` as ``loopd sessions show`` prints it, read from ``store`` (only read)."""
+    record = store.open(check_session_id(session))
+    return ShownSession(
+        id=record.id,
+        slot=record.slot,
+        backend=session_backend(record.agent, config),
+        agent=record.agent,
+        turns=record.turns,
+        untrusted=record.untrusted,
+        next_call_id=record.next_call_id,
+        children=tuple(store.children(session)),
+        turn_usage=tuple(turn_usage(store, session)),
+        history=tuple(store.history(session)),
+    )
+
+
 def show_session_json(store: StoreBackend, session: str) -> int:
+    """``loopd sessions show ID --json`` from ``store`` (see :func:`print_shown_json`)."""
+    print_shown_json(shown_from_store(store, session))
+    return 0
+
+
+def print_shown_json(shown: ShownSession) -> None:
     """``loopd sessions show ID --json``: the session on the first line, then one line per
     stored message (``seq``, ``compacted``, ``message``). The message is in loopd's own shape,
     a :class:`~messages.ChatMessage` as msgspec encodes it (``"type": "ChatMessage"``, tool
     calls as ``ToolCall`` with a numeric ``id``, ``usage``), not the chat-completions one."""
-    record = store.open(check_session_id(session))
     head = {
-        "id": record.id,
-        "slot": record.slot,
-        "turns": record.turns,
-        "untrusted": record.untrusted,
-        "next_call_id": record.next_call_id,
-        "children": list(store.children(session)),
+        "id": shown.id,
+        "slot": shown.slot,
+        "turns": shown.turns,
+        "untrusted": shown.untrusted,
+        "next_call_id": shown.next_call_id,
+        "children": list(shown.children),
     }
     print(msgspec.json.encode(head).decode())
-    for stored in store.history(session):
+    for stored in shown.history:
         line = {"seq": stored.seq, "compacted": stored.compacted, "message": stored.message}
         print(msgspec.json.encode(line).decode())
-    return 0
 
 
 def slot_text(record: SessionRecord, config: Config | None) -> str:
@@ -168,32 +228,36 @@ def slot_text(record: SessionRecord, config: Config | None) -> str:
     profile's server speaks the ``openai`` backend, which has no slots (the stored number is
     never sent). Without ``config`` (or for a profile no longer configured, ``model.backend``
     decides) the stored slot."""
-    if config is not None:
-        backend = config.model.backend
-        with contextlib.suppress(KeyError):
-            backend = config.agent(record.agent).backend or backend
-        if backend == "openai":
-            return "-"
-    return str(record.slot)
+    return _slot(record.slot, session_backend(record.agent, config))
+
+
+def _slot(slot: int, backend: str | None) -> str:
+    return "-" if backend == "openai" else str(slot)
 
 
 def show_session(store: StoreBackend, session: str, config: Config | None = None) -> int:
-    """Print one stored session: its counters, children and transcript.
+    """Print one stored session: its counters, children and transcript (see
+    :func:`print_shown`). With ``config``, the slot of a session whose profile has no slots
+    (the ``openai`` backend) is ``-``."""
+    print_shown(shown_from_store(store, session, config))
+    return 0
+
+
+def print_shown(shown: ShownSession) -> None:
+    """Print one session: its counters, children, usage (each turn's too) and every stored
+    message with its number, compacted ones marked.
 
     Model and tool text is shown with control characters escaped (``\\x1b``), so a stored
-    answer cannot drive the terminal; the store is only read. With ``config``, the slot of a
-    session whose profile has no slots (the ``openai`` backend) is ``-``.
+    answer cannot drive the terminal.
     """
-    record = store.open(check_session_id(session))
-    children = store.children(session)
-    print(f"session   {record.id}")
-    print(f"slot      {slot_text(record, config)}")
-    print(f"agent     {record.agent}")
-    print(f"turns     {record.turns}")
-    print(f"untrusted {'yes' if record.untrusted else 'no'}")
-    print(f"next call {record.next_call_id}")
-    print(f"children  {', '.join(children) if children else '-'}")
-    turns = turn_usage(store, session)
+    print(f"session   {shown.id}")
+    print(f"slot      {_slot(shown.slot, shown.backend)}")
+    print(f"agent     {shown.agent}")
+    print(f"turns     {shown.turns}")
+    print(f"untrusted {'yes' if shown.untrusted else 'no'}")
+    print(f"next call {shown.next_call_id}")
+    print(f"children  {', '.join(shown.children) if shown.children else '-'}")
+    turns = shown.turn_usage
     own = total_usage(o for o, _ in turns)
     print(f"usage     {format_usage(own)}")
     print(f"  with children {format_usage(total_usage(t for _, t in turns))}")
@@ -203,7 +267,7 @@ def show_session(store: StoreBackend, session: str, config: Config | None = None
             line += f"; with children {format_usage(everything)}"
         print(line)
     print()
-    for stored in store.history(session):
+    for stored in shown.history:
         m = stored.message
         mark = " (compacted)" if stored.compacted else ""
         who = m.role + (f" {m.name}" if m.name else "")
@@ -214,6 +278,5 @@ def show_session(store: StoreBackend, session: str, config: Config | None = None
             for line in m.content.split("\n"):
                 print(f"    {escape_controls(line)}")
         for call in m.tool_calls:
-            shown = f"    → #{call.id} {call.name}({call.as_written})"
-            print(escape_controls(shown, one_line=True))
-    return 0
+            shown_call = f"    → #{call.id} {call.name}({call.as_written})"
+            print(escape_controls(shown_call, one_line=True))

@@ -394,3 +394,15 @@ def test_the_openapi_document_describes_exactly_the_apps_routes(serve) -> None:
     app_routes = {getattr(r, "path", None) for r in s.service.app.routes}
     assert {path for path, _ in routes} <= app_routes
     assert s.client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_the_service_runs_on_httptools_and_uvloop_where_installed(serve) -> None:
+    # The serve extra installs both: h11 and asyncio's own loop cost the service about half
+    # of its throughput (docs/performance.md). Without them it still runs, on h11 and asyncio.
+    pytest.importorskip("httptools")
+    uvloop = pytest.importorskip("uvloop")
+    s = serve()
+    assert s.service._server.config.http == "httptools"
+    assert isinstance(s.service._loop, uvloop.Loop)
+    response = s.client.post(f"/v1/sessions/{DEMO_SESSION}/turns", json={"text": DEMO_TEXT})
+    assert response.status_code == 200 and "server" not in response.headers

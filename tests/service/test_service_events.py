@@ -3,17 +3,19 @@ clients too slow to keep up (dropped, or cut off), with real actors and a real u
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 import time
+from typing import Any
 
 import msgspec
 from service_kit import WAIT, Reader, ended
 
-from actors.shells.demo import DEMO_SESSION, DEMO_TEXT
+from actors.shells.demo import DEMO_SESSION, DEMO_TEXT, demo_script
+from actors.shells.service.events import EventHub
 from actors.testing import reply
-from messages import (
-    TurnEvent,
-)
+from messages import McpServerUp, TextDelta, TurnEnded, TurnEvent
 
 
 def test_events_stream_every_event_of_the_family_with_increasing_ids_and_tags(serve) -> None:
@@ -160,3 +162,82 @@ def test_head_of_events_is_the_head_only(serve) -> None:
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     assert s.service.state.hub.clients == 0
+
+
+def test_events_nobody_watched_are_replayed_from_the_start(serve) -> None:
+    # Frames are encoded when a client first needs them: a turn nobody streamed is kept as
+    # events and still replays whole, in order, from Last-Event-ID 0.
+    s = serve()
+    s.client.post(f"/v1/sessions/{DEMO_SESSION}/turns", json={"text": DEMO_TEXT})
+    replayed = Reader(s.client, ended(DEMO_SESSION), headers={"Last-Event-ID": "0"}).wait()
+    assert [int(f["id"]) for f in replayed] == list(range(1, len(replayed) + 1))
+    events = [msgspec.json.decode(f["data"], type=TurnEvent) for f in replayed]
+    assert [f["event"] for f in replayed] == [type(e).__name__ for e in events]
+    assert {e.session for e in events} == {"demo", "sub-demo-1", "sub-sub-demo-1-1"}
+    assert isinstance(events[-1], TurnEnded)
+
+
+def test_a_burst_of_events_from_another_thread_keeps_its_order_and_numbers() -> None:
+    # An actor thread queues events and wakes the loop only when no drain is pending: however
+    # the two interleave, every turn event is published once, in order, numbered 1, 2, 3...,
+    # and an event that names no session (an MCP server's) is skipped, not a stop.
+    count = 2000
+
+    async def run() -> list[int]:
+        hub = EventHub(replay_events=count, client_queue=count)
+        offers: list[Any] = []
+        hub.attach(lambda offer: (offers.append(offer), lambda: None)[1])
+        client = hub.open(None)
+        bursts: list[Any] = [TextDelta(session=f"s{i % 7}", text=str(i)) for i in range(count)]
+        bursts.insert(count // 2, McpServerUp(server="files"))  # no session: not streamed
+        thread = threading.Thread(target=lambda: [offers[0](event) for event in bursts])
+        thread.start()
+        frames: list[bytes] = []
+        async with asyncio.timeout(WAIT):
+            while len(frames) < count:
+                frames += await client.next_frames(WAIT) or []
+        thread.join(WAIT)
+        texts = [msgspec.json.decode(f.split(b"data: ")[1])["text"] for f in frames]
+        assert texts == [str(i) for i in range(count)]
+        return [int(f.split(b"\n")[0].removeprefix(b"id: ")) for f in frames]
+
+    assert asyncio.run(run()) == list(range(1, count + 1))
+
+
+def test_an_inline_subscriber_sees_what_the_bus_does_on_the_emitting_thread(
+    loopd_runtime, caplog
+) -> None:
+    # The service's hub subscribes inline (no hop to the bus's thread): it must see the same
+    # events in the same order as a bus subscriber, and one that raises fails no turn.
+    rt = loopd_runtime(demo_script)
+    inline: list[TurnEvent] = []
+    threads: set[str] = set()
+    bus: list[TurnEvent] = []
+    done = threading.Event()
+
+    def on_bus(event: TurnEvent) -> None:
+        bus.append(event)
+        if isinstance(event, TurnEnded) and event.session == DEMO_SESSION:
+            done.set()
+
+    def keep(event: TurnEvent) -> None:
+        inline.append(event)
+        threads.add(threading.current_thread().name)
+
+    def broken(event: TurnEvent) -> None:
+        raise RuntimeError("a broken subscriber")
+
+    rt.subscribe(keep, inline=True)
+    rt.subscribe(broken, inline=True)
+    rt.subscribe(on_bus)
+    outcome = rt.run_turn(DEMO_SESSION, DEMO_TEXT, timeout=WAIT)
+    assert type(outcome).__name__ == "TurnCompleted"
+    assert done.wait(WAIT)
+    # Each session's events in its order (two sessions' threads may interleave differently).
+    for session in {e.session for e in bus}:
+        assert [e for e in inline if e.session == session] == [
+            e for e in bus if e.session == session
+        ]
+    assert len(inline) == len(bus) and {e.session for e in inline} == {e.session for e in bus}
+    assert not any(name.startswith("EventBus") for name in threads)
+    assert "a broken subscriber" in caplog.text

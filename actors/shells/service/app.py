@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,11 @@ from starlette.staticfiles import StaticFiles
 from actors.aio import AsyncRuntime
 from actors.core.listen import is_loopback
 from actors.core.usage import total_usage
-from actors.shells.service.auth import BearerAuth, BrowserGuard
+from actors.shells.service.auth import Gate
 from actors.shells.service.events import EventHub, Subscriber
 from actors.shells.service.openapi import openapi_document
 from actors.shells.service.settings import ServiceSettings
-from actors.shells.views import turn_usage
+from actors.shells.views import session_backend, turn_usage
 from actors.stores.base import SessionNotFound, StoreBackend, StoreError
 from actors.stores.open import open_store
 from actors.stores.reader import StoreReader
@@ -155,19 +156,36 @@ class ServiceState:
 
 
 async def _body(request: Request, cap: int) -> bytes:
-    """The request body, at most ``cap`` bytes (413 past that, before reading it all)."""
-    length = request.headers.get("content-length")
+    """The request body, at most ``cap`` bytes (413 past that, before reading it all).
+
+    Read from the ASGI ``receive`` itself, not ``request.stream()``: its async generator and
+    the copy of the headers that ``request.headers`` makes were a good part of a turn's
+    handler."""
+    length = _header(request.scope, b"content-length")
     if length is not None:
         if not (length.isascii() and length.isdigit()):
             raise _Refused(400, f"the Content-Length header is not a number: {length[:40]!r}")
         if int(length) > cap:
             raise _Refused(413, f"the body is over the cap of {cap} bytes")
-    data = bytearray()
-    async for chunk in request.stream():
+    data = b""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk: bytes = message.get("body", b"")
         data += chunk
         if len(data) > cap:
             raise _Refused(413, f"the body is over the cap of {cap} bytes")
-    return bytes(data)
+        if not message.get("more_body", False):
+            return data
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    """The first value of the request header ``name`` (lower case), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def _json_object(data: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
@@ -336,6 +354,7 @@ def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
         record = store.open(session)
         children = store.children(session)
         turns = turn_usage(store, session)
+        history = store.history(session)
     finally:
         store.close()
     return {
@@ -344,13 +363,17 @@ def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
         "parent": record.parent,
         "state": _row_state(status, session),
         "slot": record.slot,
+        "backend": session_backend(record.agent, state.runtime.runtime.config),
         "turns": record.turns,
         "untrusted": record.untrusted,
         "next_call_id": record.next_call_id,
         "children": children,
         "usage": total_usage(own for own, _ in turns),
         "usage_with_children": total_usage(every for _, every in turns),
+        "turn_usage": [{"usage": own, "usage_with_children": every} for own, every in turns],
         "transcript": record.transcript,
+        # Every stored message, those a compaction replaced included (marked), numbered.
+        "history": history,
     }
 
 
@@ -490,13 +513,13 @@ async def get_openapi(request: Request) -> Response:
 def api_routes() -> list[BaseRoute]:
     """The routes of the API (the ones ``/v1/openapi.json`` describes)."""
     return [
-        Route("/v1/sessions/{id}/turns", _guarded(post_turn), methods=["POST"]),
-        Route("/v1/sessions/{id}/cancel", _guarded(post_cancel), methods=["POST"]),
-        Route("/v1/sessions", _guarded(get_sessions), methods=["GET"]),
-        Route("/v1/sessions/{id}", _guarded(get_session), methods=["GET"]),
-        Route("/v1/events", _guarded(get_events), methods=["GET"]),
-        Route("/v1/approvals", _guarded(get_approvals), methods=["GET"]),
-        Route("/v1/approvals/{session}/{call_id}", _guarded(post_decision), methods=["POST"]),
+        Route("/v1/sessions/{id}/turns", _Endpoint(post_turn), methods=["POST"]),
+        Route("/v1/sessions/{id}/cancel", _Endpoint(post_cancel), methods=["POST"]),
+        Route("/v1/sessions", _Endpoint(get_sessions), methods=["GET"]),
+        Route("/v1/sessions/{id}", _Endpoint(get_session), methods=["GET"]),
+        Route("/v1/events", _Endpoint(get_events), methods=["GET"]),
+        Route("/v1/approvals", _Endpoint(get_approvals), methods=["GET"]),
+        Route("/v1/approvals/{session}/{call_id}", _Endpoint(post_decision), methods=["POST"]),
         Route("/v1/openapi.json", get_openapi, methods=["GET"]),
         Route("/healthz", get_health, methods=["GET"]),
     ]
@@ -528,23 +551,32 @@ def page_routes() -> list[BaseRoute]:
     ]
 
 
-def _guarded(handler: Any) -> Any:
-    """``handler`` with its refusals answered as JSON errors (a store that fails is 503)."""
+class _Endpoint:
+    """An API route's ASGI app: ``handler(request)``'s response, its refusals answered as JSON
+    errors (a store that fails is 503).
 
-    async def guarded(request: Request) -> Response:
+    Starlette's ``Route`` runs a plain function through ``request_response``, which also wraps
+    ``send`` to route an ``HTTPException`` raised in the handler; these handlers raise
+    :class:`_Refused` instead, so a class (which ``Route`` takes as an ASGI app) skips that
+    layer on every request.
+    """
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+        self.handler = handler
+        self.__name__ = handler.__name__
+        self.__doc__ = handler.__doc__
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        request = Request(scope, receive, send)
         try:
-            response: Response = await handler(request)
+            response = await self.handler(request)
         except _Refused as refused:
-            return _error(refused.status, refused.text)
+            response = _error(refused.status, refused.text)
         except ClientDisconnect:  # gone while sending its body: nobody reads an answer
-            return _error(400, "the client went away before its body was read")
+            response = _error(400, "the client went away before its body was read")
         except StoreError as exc:
-            return _error(503, f"the store could not be read: {exc}")
-        return response
-
-    guarded.__name__ = handler.__name__
-    guarded.__doc__ = handler.__doc__
-    return guarded
+            response = _error(503, f"the store could not be read: {exc}")
+        await response(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -562,7 +594,7 @@ def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.hub.attach(runtime.runtime.subscribe)
+        state.hub.attach(functools.partial(runtime.runtime.subscribe, inline=True))
         try:
             yield
         finally:
@@ -570,10 +602,7 @@ def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
 
     app = Starlette(
         routes=api_routes() + page_routes(),
-        middleware=[
-            Middleware(BrowserGuard, loopback=is_loopback(settings.host)),
-            Middleware(BearerAuth, token=settings.token),
-        ],
+        middleware=[Middleware(Gate, token=settings.token, loopback=is_loopback(settings.host))],
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )

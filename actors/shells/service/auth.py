@@ -1,5 +1,5 @@
-"""The service's gates, as plain ASGI middleware: the bearer token, and a guard against other
-web pages.
+"""The service's gates, as one plain ASGI middleware: a guard against other web pages, and
+the bearer token.
 
 With a token, every request needs ``Authorization: Bearer <token>`` except ``GET /healthz``,
 ``GET /`` and the page's static files (a person's browser loads the page first, then asks for
@@ -23,7 +23,7 @@ import msgspec
 
 from actors.core.listen import is_loopback
 
-__all__ = ["OPEN_PATHS", "BearerAuth", "BrowserGuard", "is_open"]
+__all__ = ["OPEN_PATHS", "Gate", "is_open"]
 
 OPEN_PATHS = ("/healthz", "/")
 """Paths a ``GET`` (or ``HEAD``) may reach without the token."""
@@ -50,42 +50,79 @@ async def _refuse(send: Any, status: int, text: str, extra: list[tuple[bytes, by
     await send({"type": "http.response.body", "body": body})
 
 
-def _header(scope: Any, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
+class Gate:
+    """The service's one middleware, both gates in order: 403 to a request a web page of
+    another origin made (its ``Origin`` is not this service's) or, on a loopback address, to
+    one naming another host (DNS rebinding); then 401 to one without the right bearer token
+    (``token`` None: no token gate).
 
+    One layer rather than two, and a ``Host`` already found loopback is remembered: this runs on
+    every request, and the address check parses an IP address.
+    """
 
-class BearerAuth:
-    """Answers 401 to a request without the right bearer token (``token`` None: no gate)."""
-
-    def __init__(self, app: Any, token: str | None) -> None:
+    def __init__(self, app: Any, token: str | None, loopback: bool) -> None:
         self.app = app
         self._token = None if token is None else token.encode("utf-8")
+        self.loopback = loopback
+        self._loopback_hosts: set[bytes] = set()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (
-            scope["type"] != "http"
-            or self._token is None
-            or is_open(scope["method"], scope["path"])
-            or self._allowed(scope)
-        ):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        await _refuse(
-            send,
-            401,
-            "this service needs a token: send the header Authorization: Bearer <token>",
-            [(b"www-authenticate", b'Bearer realm="loopd"')],
-        )
+        host = origin = authorization = None  # each header's first value, as a server reads it
+        for key, value in scope["headers"]:
+            if key == b"host":
+                host = bytes(value) if host is None else host
+            elif key == b"origin":
+                origin = bytes(value) if origin is None else origin
+            elif key == b"authorization":
+                authorization = bytes(value) if authorization is None else authorization
+        refused = self._refusal(host or b"", origin)
+        if refused is not None:
+            await _refuse(send, 403, refused, [])
+        elif (
+            self._token is None
+            or is_open(scope["method"], scope["path"])
+            or self._allowed(authorization)
+        ):
+            await self.app(scope, receive, send)
+        else:
+            await _refuse(
+                send,
+                401,
+                "this service needs a token: send the header Authorization: Bearer <token>",
+                [(b"www-authenticate", b'Bearer realm="loopd"')],
+            )
 
-    def _allowed(self, scope: Any) -> bool:
+    def _allowed(self, authorization: bytes | None) -> bool:
         assert self._token is not None
-        scheme, _, credential = (_header(scope, b"authorization") or b"").partition(b" ")
+        scheme, _, credential = (authorization or b"").partition(b" ")
         if scheme.lower() != b"bearer":
             return False
         return hmac.compare_digest(credential.strip(), self._token)
+
+    def _refusal(self, raw_host: bytes, origin: bytes | None) -> str | None:
+        host = raw_host.decode("latin-1").strip()
+        if self.loopback and raw_host not in self._loopback_hosts:
+            if not is_loopback(_host_name(host)):
+                return (
+                    "this service listens on loopback and answers only requests for a loopback "
+                    "host (localhost, 127.0.0.1, [::1])"
+                )
+            if len(self._loopback_hosts) < _KNOWN_HOSTS:
+                self._loopback_hosts.add(raw_host)
+        if origin is None:
+            return None
+        parts = urlsplit(origin.decode("latin-1").strip())
+        if parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower():
+            return None
+        return "requests from a page of another origin are refused"
+
+
+_KNOWN_HOSTS = 64
+"""How many loopback ``Host`` values the gate remembers (a few in practice: the address, with
+and without the port, localhost; the bound keeps a flood of odd ones from growing it)."""
 
 
 def _host_name(authority: str) -> str:
@@ -93,35 +130,3 @@ def _host_name(authority: str) -> str:
     if authority.startswith("["):
         return authority[1:].partition("]")[0].lower()
     return authority.rpartition(":")[0].lower() if ":" in authority else authority.lower()
-
-
-class BrowserGuard:
-    """Answers 403 to a request a web page of another origin made (its ``Origin`` is not this
-    service's), and, on a loopback address, to one naming another host (DNS rebinding)."""
-
-    def __init__(self, app: Any, loopback: bool) -> None:
-        self.app = app
-        self.loopback = loopback
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            refused = self._refusal(scope)
-            if refused is not None:
-                await _refuse(send, 403, refused, [])
-                return
-        await self.app(scope, receive, send)
-
-    def _refusal(self, scope: Any) -> str | None:
-        host = (_header(scope, b"host") or b"").decode("latin-1").strip()
-        if self.loopback and not is_loopback(_host_name(host)):
-            return (
-                "this service listens on loopback and answers only requests for a loopback "
-                "host (localhost, 127.0.0.1, [::1])"
-            )
-        origin = _header(scope, b"origin")
-        if origin is None:
-            return None
-        parts = urlsplit(origin.decode("latin-1").strip())
-        if parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower():
-            return None
-        return "requests from a page of another origin are refused"

@@ -1,10 +1,12 @@
 """Turn events to the service's SSE clients: one subscription to the runtime, numbered events,
 a bounded replay buffer and a bounded queue per client.
 
-The runtime's event bus calls :meth:`EventHub.offer` on its own thread; that only hands the
-event to the service's loop (``call_soon_threadsafe``), so no client, however slow, ever holds
-up the bus. On the loop each event gets the next id, is encoded once into its SSE frame, kept in
-the replay buffer, and appended to the queue of every client whose filter it passes. A client
+The runtime calls :meth:`EventHub.offer` inline, on the actor thread that emits the event (no
+hop to the event bus's thread); that only queues the event for the service's loop (waking the
+loop with ``call_soon_threadsafe`` when no drain is pending already, so a burst of events is
+one wake-up), so no client, however slow, ever holds up an actor. On the loop each event gets
+the next id, is kept in the replay buffer, and is appended to the queue of every client whose
+filter it passes; its SSE frame is encoded once, when the first client needs it. A client
 whose queue is full has fallen behind: it is told (a ``dropped`` event naming the last id it
 was sent) and its stream ends; it may reconnect with ``Last-Event-ID`` to replay what the buffer
 still holds.
@@ -14,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -25,6 +27,8 @@ from actors.core.dispatch import descends_from
 from messages import TurnEvent
 
 __all__ = ["EventHub", "Subscriber", "control_frame", "event_frame"]
+
+log = logging.getLogger(__name__)
 
 
 def event_frame(number: int, event: TurnEvent) -> bytes:
@@ -41,11 +45,26 @@ def control_frame(kind: str, **fields: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (kind.encode(), data)
 
 
-@dataclass(frozen=True, slots=True)
 class _Entry:
-    number: int
-    session: str
-    frame: bytes
+    """A numbered event; its SSE frame is encoded the first time a client needs it (most events
+    of a service nobody watches leave the replay buffer unread)."""
+
+    __slots__ = ("_frame", "event", "number", "session")
+
+    def __init__(self, number: int, event: TurnEvent) -> None:
+        self.number = number
+        self.session = event.session
+        self.event: TurnEvent | None = event
+        self._frame: bytes | None = None
+
+    @property
+    def frame(self) -> bytes:
+        """The event's SSE frame (encoded once)."""
+        if self._frame is None:
+            assert self.event is not None
+            self._frame = event_frame(self.number, self.event)
+            self.event = None
+        return self._frame
 
 
 class Subscriber:
@@ -123,6 +142,8 @@ class EventHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
+        self._inbox: deque[TurnEvent] = deque()  # filled by actor threads, drained on the loop
+        self._draining = False  # a drain is scheduled on the loop and has not started yet
 
     @property
     def clients(self) -> int:
@@ -135,22 +156,38 @@ class EventHub:
         return self._next - 1
 
     def attach(self, subscribe: Callable[[Callable[[TurnEvent], Any]], Callable[[], None]]) -> None:
-        """Subscribe to a runtime (``Runtime.subscribe``); call on the service's loop."""
+        """Subscribe to a runtime (``Runtime.subscribe``, inline: :meth:`offer` only queues);
+        call on the service's loop."""
         self._loop = asyncio.get_running_loop()
         self._unsubscribe = subscribe(self.offer)
 
     def offer(self, event: TurnEvent) -> None:
-        """The bus thread's call: hand ``event`` to the loop and return at once."""
+        """The runtime's call, on the thread that emitted ``event``: queue it for the loop and
+        return at once (any thread may call it; the queue keeps the order of the calls)."""
         loop = self._loop
         if loop is None or self._closed:
             return
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens any more
-            loop.call_soon_threadsafe(self._publish, event)
+        self._inbox.append(event)
+        if not self._draining:  # else the drain already scheduled takes this event too
+            self._draining = True
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens any more
+                loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        # Cleared before popping: an event queued from here on schedules a drain of its own.
+        self._draining = False
+        inbox = self._inbox
+        while inbox:
+            event = inbox.popleft()
+            try:
+                self._publish(event)
+            except Exception:  # one bad event must not hold back the rest of the burst
+                log.exception("the event hub could not publish %s", type(event).__name__)
 
     def _publish(self, event: TurnEvent) -> None:
-        if self._closed:
-            return
-        entry = _Entry(self._next, event.session, event_frame(self._next, event))
+        if self._closed or getattr(event, "session", None) is None:
+            return  # an MCP server's event names no session: not a turn event, not streamed
+        entry = _Entry(self._next, event)
         self._next += 1
         if self.replay_events:
             self._buffer.append(entry)

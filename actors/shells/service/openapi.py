@@ -55,6 +55,56 @@ _OUTCOME = {
 }
 
 
+_USAGE = {"type": "object", "description": "A Usage: tokens in, out and cached, and requests."}
+
+_SESSION_VIEW = {
+    "session": {"type": "string"},
+    "agent": {"type": "string", "description": "The session's profile."},
+    "parent": {"type": ["string", "null"], "description": "The parent's id, for a child."},
+    "state": {"enum": ["running", "idle", "stored"]},
+    "slot": {"type": "integer"},
+    "backend": {
+        "type": ["string", "null"],
+        "description": "The model backend of the session's profile (`openai` has no slots).",
+    },
+    "turns": {"type": "integer"},
+    "untrusted": {"type": "boolean"},
+    "next_call_id": {"type": "integer"},
+    "children": {"type": "array", "items": {"type": "string"}},
+    "usage": _USAGE,
+    "usage_with_children": _USAGE,
+    "turn_usage": {
+        "type": "array",
+        "description": "Each stored turn's usage, in order: its own, and with its children's.",
+        "items": {
+            "type": "object",
+            "properties": {"usage": _USAGE, "usage_with_children": _USAGE},
+            "required": ["usage", "usage_with_children"],
+        },
+    },
+    "transcript": {
+        "type": "array",
+        "description": "The live transcript: ChatMessage objects, as the next request sends.",
+        "items": {"type": "object"},
+    },
+    "history": {
+        "type": "array",
+        "description": "Every stored message in order, those a compaction summary replaced "
+        "included: `seq` its number, `compacted`, `at` when stored, `message` its ChatMessage.",
+        "items": {
+            "type": "object",
+            "properties": {
+                "seq": {"type": "integer"},
+                "compacted": {"type": "boolean"},
+                "at": {"type": "string"},
+                "message": {"type": "object"},
+            },
+            "required": ["seq", "compacted", "at", "message"],
+        },
+    },
+}
+
+
 _REQUESTED = {
     "type": "object",
     "description": "An ApprovalRequested event: the call `call_id` of `session` (a child's "
@@ -288,7 +338,8 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/sessions/{id}": {
                 "get": {
-                    "summary": "One stored session: agent, state, usage, children, transcript.",
+                    "summary": "One stored session: agent, state, usage (each turn's too), "
+                    "children, transcript, and every stored message with its number.",
                     "parameters": [_ID],
                     "responses": {
                         "200": _ok(
@@ -302,6 +353,7 @@ def openapi_document() -> dict[str, Any]:
                                     "usage",
                                     "children",
                                 ],
+                                "properties": _SESSION_VIEW,
                             },
                         ),
                         "400": _err("A bad id."),
