@@ -51,6 +51,7 @@ from actors.core.holds import Hold, HoldTable, Live
 from actors.core.passivation import IdleSessions
 from messages import (
     ApprovalDecision,
+    ApprovalsRun,
     ApprovalRefused,
     ApprovalSettled,
     ApprovalTimedOut,
@@ -63,6 +64,7 @@ from messages import (
     Parked,
     RecordSpent,
     Resume,
+    RunTurn,
     SettleApproval,
     StoreApproval,
     StoredApproval,
@@ -133,6 +135,11 @@ class ApprovalDesk:
         decided: dict[str, list[ApprovalDecision]] = {}
         for entry in entries:
             request = entry.request
+            if entry.ran:
+                # Its work began before the crash: the resumed turn (or a crash's repair)
+                # answers the call as interrupted; it never runs twice.
+                effects.append(ToStore(DropApprovals(request.session, (request.call_id,))))
+                continue
             if entry.background and request.session.startswith(CHILD_PREFIX):
                 drop = DropApprovals(request.session, (request.call_id,))
                 effects.append(ToStore(drop))
@@ -274,13 +281,27 @@ class ApprovalDesk:
         state = self.state
         live, hold = state.live.get(session), state.holds.get(session)
         if live is not None:
-            return [TellSession(session, live.incarnation, live.ref, decision)]
+            told = TellSession(session, live.incarnation, live.ref, decision)
+            return [*self._ran(session, (decision,)), told]
         if hold is not None and hold.resume is not None:
             waiting = tuple(c for c in hold.resume.waiting if c != decision.call_id)
             decisions = (*hold.resume.decisions, decision)
             hold.resume = msgspec.structs.replace(hold.resume, decisions=decisions, waiting=waiting)
             return []
         return [ToSession(session, decision)]
+
+    def carrying_out(self, session: str, run: RunTurn) -> Effects:
+        """``session``'s actor is told ``run`` now: a resumed turn's approved decisions are
+        marked carried out first (see :meth:`_ran`)."""
+        return self._ran(session, run.resume.decisions) if run.resume is not None else []
+
+    @staticmethod
+    def _ran(session: str, decisions: Sequence[ApprovalDecision]) -> Effects:
+        """Mark the approved ``decisions`` carried out in the store, before the turn that runs
+        their work is told (the store takes its messages in order): a start after a crash
+        then answers those calls as interrupted instead of running them again."""
+        ids = tuple(d.call_id for d in decisions if d.approved)
+        return [ToStore(ApprovalsRun(session, ids))] if ids else []
 
     @staticmethod
     def _reply(to: str | None, message: ApprovalSettled | ApprovalRefused) -> Effects:
@@ -315,7 +336,10 @@ class ApprovalDesk:
         state = self.state
         hold, live = state.holds.get(msg.session), state.live.get(msg.session)
         if not msg.parked or hold is None or live is None or live.incarnation != msg.incarnation:
-            return [ToSession(msg.session, d) for d in decisions]
+            return [
+                *self._ran(msg.session, decisions),
+                *(ToSession(msg.session, d) for d in decisions),
+            ]
         for waiting in self.book.of(msg.session):
             waiting.live = False
         del state.live[msg.session]

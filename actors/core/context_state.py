@@ -340,7 +340,9 @@ class ContextState(BackgroundSpawns):
             if not output_fits(hold.output, live.output):
                 return self._wrong_output(hold)
             hold.incarnation = live.incarnation
-            return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
+            run = hold.run_turn()
+            ran = self.desk.carrying_out(hold.session, run)
+            return ran + self._tell_live(hold, run, if_gone=IfGone.REOPEN)
         # Open first; only a session that is not stored needs a baseline (and so memory).
         return self._ask_store(hold, None)
 
@@ -440,6 +442,7 @@ class ContextState(BackgroundSpawns):
         effects: Effects = []
         if hold is not None:
             hold.incarnation = asked.incarnation
+            effects += self.desk.carrying_out(session, asked.run)
             effects += self._tell_live(hold, asked.run)
         for idle in self.idle.over_limit(len(self.live)):
             effects += self._passivate(idle, "sessions.max_live")
