@@ -176,9 +176,15 @@ class ApprovalDesk:
         timers: Effects = [CancelApprovalTimer(session, call_id) for call_id in ids]
         return [*timers, ToStore(DropApprovals(session, ids))]
 
-    def stored_only(self, session: str) -> bool:
-        """Whether ``session``'s turn is parked: its calls wait in the store, no actor runs it
-        (since the start, or passivated)."""
+    def stored_only(self, hold: Hold) -> bool:
+        """Whether ``hold``'s turn is parked: its calls wait in the store, no actor runs it
+        (since the start, or passivated), or its decisions are stored and no actor has been
+        told them yet (a decision was reopening it): the next start carries them out."""
+        session = hold.session
+        resume, live = hold.resume, self.state.live.get(session)
+        told = live is not None and hold.incarnation != 0 and live.incarnation == hold.incarnation
+        if resume is not None and resume.decisions and not told:
+            return True
         waiting = self.book.of(session)
         if session in self.children and not waiting:  # it waits only for its children
             return session not in self.state.live

@@ -154,7 +154,7 @@ class ContextState(BackgroundSpawns):
         for hold in self.holds.drain():
             if hold.answered:
                 continue
-            if self.desk.stored_only(hold.session):
+            if self.desk.stored_only(hold):
                 # Its calls wait in the store, and the next start resumes the turn; a waiter
                 # (a turn passivated while it waited) still hears of the stop.
                 if hold.reply_to is not None:
