@@ -190,6 +190,27 @@ class ApprovalDesk:
             return session not in self.state.live
         return bool(waiting) and not any(w.live for w in waiting)
 
+    def stored_at_stop(self) -> set[str]:
+        """At a stop, before the holds go: the sessions whose turns wait in the store (see
+        :meth:`stored_only`), to skip. A parent that waits only for its children stays so only
+        while each of them parks too: a child whose resumed turn runs again is cancelled by the
+        stop (nothing of it is left to resume), so its parent's turn ends at the stop as well."""
+        holds = self.state.holds
+        stored = {
+            s for s in holds.held() if (h := holds.get(s)) is not None and self.stored_only(h)
+        }
+        changed = True
+        while changed:
+            changed = False
+            for parent, calls in self.children.items():
+                if parent not in stored or self.book.of(parent):
+                    continue
+                kids = (f"{CHILD_PREFIX}{parent}-{n}" for n in calls)
+                if not all(k in stored or self.book.of(k) for k in kids):
+                    stored.discard(parent)
+                    changed = True
+        return stored
+
     def parks_at_stop(self) -> dict[str, tuple[int, ...]]:
         """At a stop: the sessions whose turns park (``Cancel(park=True)``), each with the
         ``subagent`` calls that stay open for a child that waits for a person (or whose own

@@ -151,10 +151,11 @@ class ContextState(BackgroundSpawns):
         stop working."""
         effects: Effects = self._stop_waiting() + self.desk.record_spent()
         parks = self.desk.parks_at_stop()  # a family whose call waits parks, children too
+        stored = self.desk.stored_at_stop()
         for hold in self.holds.drain():
             if hold.answered:
                 continue
-            if self.desk.stored_only(hold):
+            if hold.session in stored:
                 # Its calls wait in the store, and the next start resumes the turn; a waiter
                 # (a turn passivated while it waited) still hears of the stop.
                 if hold.reply_to is not None:
