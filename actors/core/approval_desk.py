@@ -92,6 +92,7 @@ class ContextState(Protocol):
     def clock(self) -> Callable[[], datetime]: ...
     def reopen(self, hold: Hold) -> Effects: ...
     def give_back(self, session: str) -> Effects: ...
+    def release(self, session: str) -> Effects: ...
 
 
 class ApprovalDesk:
@@ -104,6 +105,8 @@ class ApprovalDesk:
         """Children whose ``loop.child_timeout_s`` timer is paused while a call waits."""
         self.parking: dict[str, list[ApprovalDecision]] = {}
         """Sessions told ``Park``, with the decisions that came meanwhile."""
+        self.cancelling: dict[str, tuple[FailReason, str]] = {}
+        """Sessions told ``Park`` and then cancelled: their ``Parked`` ends the turn."""
         self.children: dict[str, set[int]] = {}
         """Parents held since the start whose ``subagent`` calls wait for a child that waits
         for a person: the child's outcome resumes the parent."""
@@ -163,14 +166,24 @@ class ApprovalDesk:
                 effects.append(CancelApprovalTimer(msg.session, call_id))
         return [*effects, ToStore(msg), *self._unpause()]
 
-    def cancelled(self, session: str) -> Effects:
+    def cancelled(
+        self, session: str, reason: FailReason = FailReason.CANCELLED, detail: str = ""
+    ) -> Effects:
         """``session``'s turn is cancelled: requests read back at the start are dropped here
-        (a live turn drops its own when it ends)."""
+        (a live turn drops its own when it ends). A session told ``Park`` may have parked
+        already (its actor then ignores the Cancel): all its requests, and the decisions that
+        came meanwhile, go now, and its ``Parked`` answers the turn cancelled
+        (:meth:`parked`)."""
         self.children.pop(session, None)
-        waiting = [w for w in self.book.of(session) if not w.live]
-        if not waiting:
-            return []
+        parking = session in self.parking
+        waiting = [w for w in self.book.of(session) if parking or not w.live]
         ids = tuple(w.entry.request.call_id for w in waiting)
+        if parking:
+            ids += tuple(d.call_id for d in self.parking[session])
+            self.parking[session] = []
+            self.cancelling[session] = (reason, detail)
+        if not ids:
+            return []
         for call_id in ids:
             self.book.take(session, call_id)
         timers: Effects = [CancelApprovalTimer(session, call_id) for call_id in ids]
@@ -360,9 +373,11 @@ class ApprovalDesk:
         """A session's answer to ``Park``: parked, its actor goes and its calls wait in the
         store (a decision resumes it); not parked, the decisions that came meanwhile go on."""
         decisions = self.parking.pop(msg.session, [])
+        cancel = self.cancelling.pop(msg.session, None)
         state = self.state
         hold, live = state.holds.get(msg.session), state.live.get(msg.session)
         if not msg.parked or hold is None or live is None or live.incarnation != msg.incarnation:
+            # Not parked: the turn still ran and heard the Cancel itself.
             return [
                 *self._ran(msg.session, decisions),
                 *(ToSession(msg.session, d) for d in decisions),
@@ -372,6 +387,8 @@ class ApprovalDesk:
         del state.live[msg.session]
         hold.incarnation = 0  # its actor's SessionStopped then changes nothing
         effects: Effects = [StopSession(live.ref), *state.give_back(msg.session)]
+        if cancel is not None:  # cancelled while it parked: its requests are gone already
+            return effects + state.release(msg.session) + hold.failure(*cancel)
         if decisions:
             effects += self._resume(msg.session, decisions)
         return effects

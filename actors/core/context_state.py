@@ -573,6 +573,10 @@ class ContextState(BackgroundSpawns):
         """:meth:`_give_back`, for the approval desk."""
         return self._give_back(session)
 
+    def release(self, session: str) -> Effects:
+        """:meth:`_release`, for the approval desk."""
+        return self._release(session)
+
     def _give_back(self, session: str) -> Effects:
         """``session``'s actor is gone: a store with per-session locks may now let another
         process run it. Told only to such a store: for SQLite it would be a wake-up of the
@@ -651,7 +655,7 @@ class ContextState(BackgroundSpawns):
             # A live session answers through SessionTurnEnded; one still opening (no actor
             # yet to tell) is let go and answered here.
             answer = () if hold.answered else tuple(hold.failure(reason, detail))
-            effects += self.desk.cancelled(held)
+            effects += self.desk.cancelled(held, reason, detail)
             effects += self._tell_live(
                 hold, Cancel(reason, detail), if_gone=IfGone.RELEASE, otherwise=answer
             )
