@@ -176,8 +176,15 @@ class ApprovalDesk:
         (:meth:`parked`)."""
         self.children.pop(session, None)
         parking = session in self.parking
-        waiting = [w for w in self.book.of(session) if parking or not w.live]
+        # A session a decision is reopening has no actor told its resume yet: its requests,
+        # and the decisions it was to carry out, are dropped here too.
+        hold = self.state.holds.get(session)
+        resume = hold.resume if hold is not None and not self._told(hold) else None
+        waiting = [w for w in self.book.of(session) if parking or resume is not None or not w.live]
         ids = tuple(w.entry.request.call_id for w in waiting)
+        if resume is not None and hold is not None:
+            ids += tuple(d.call_id for d in resume.decisions)
+            hold.resume = None
         if parking:
             ids += tuple(d.call_id for d in self.parking[session])
             self.parking[session] = []
@@ -194,14 +201,17 @@ class ApprovalDesk:
         (since the start, or passivated), or its decisions are stored and no actor has been
         told them yet (a decision was reopening it): the next start carries them out."""
         session = hold.session
-        resume, live = hold.resume, self.state.live.get(session)
-        told = live is not None and hold.incarnation != 0 and live.incarnation == hold.incarnation
-        if resume is not None and resume.decisions and not told:
+        if hold.resume is not None and hold.resume.decisions and not self._told(hold):
             return True
         waiting = self.book.of(session)
         if session in self.children and not waiting:  # it waits only for its children
             return session not in self.state.live
         return bool(waiting) and not any(w.live for w in waiting)
+
+    def _told(self, hold: Hold) -> bool:
+        """Whether the live actor that runs ``hold``'s turn has been told it."""
+        live = self.state.live.get(hold.session)
+        return live is not None and hold.incarnation != 0 and live.incarnation == hold.incarnation
 
     def stored_at_stop(self) -> set[str]:
         """At a stop, before the holds go: the sessions whose turns wait in the store (see
