@@ -7,8 +7,8 @@ Everything here is pure data. Any message round-trips through ``msgspec.json`` a
 from messages.approvals import (
     ApprovalDecision,
     ApprovalRefused,
-    ApprovalTimedOut,
     ApprovalsRun,
+    ApprovalTimedOut,
     ApproveCall,
     DenyCall,
     DropApprovals,

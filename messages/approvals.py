@@ -4,8 +4,8 @@
 the CLI, the REPL); a decision for a call that is not waiting is answered ``ApprovalRefused``.
 The rest travel inside the runtime: the Context tells the session its ``ApprovalDecision``,
 the store keeps each waiting call as a ``StoredApproval`` (``StoreApproval``,
-``SettleApproval``, ``ApprovalsRun``, ``DropApprovals``), and ``Resume`` continues a turn cut off while it (or
-a child of it) waited.
+``SettleApproval``, ``ApprovalsRun``, ``DropApprovals``), and ``Resume`` continues a turn cut
+off while it (or a child of it) waited.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from approval_kit import (
     deploy,
     deploy_script,
     ended,
-    family_script,
     ran,
     requested,
     rt_history,
@@ -34,7 +33,6 @@ from messages import (
     TurnFailed,
 )
 
-
 # 1. A cancel that reaches the Context between its Park and the session's Parked.
 
 
@@ -45,7 +43,9 @@ def test_cancel_between_park_and_parked_answers_the_waiter_and_drops_the_request
     rt = loopd_runtime(deploy_script, tools=[deploy, status])
     events = Events(rt)
     outcome: list[Any] = []
-    waiter = threading.Thread(target=lambda: outcome.append(rt.run_turn("s", "go", timeout=3 * WAIT)))
+    waiter = threading.Thread(
+        target=lambda: outcome.append(rt.run_turn("s", "go", timeout=3 * WAIT))
+    )
     waiter.start()
     events.wait(requested())
     events.wait(lambda e: getattr(e, "name", None) == "status" and hasattr(e, "denied"))

@@ -51,9 +51,9 @@ from actors.core.holds import Hold, HoldTable, Live
 from actors.core.passivation import IdleSessions
 from messages import (
     ApprovalDecision,
-    ApprovalsRun,
     ApprovalRefused,
     ApprovalSettled,
+    ApprovalsRun,
     ApprovalTimedOut,
     ApproveCall,
     Cancel,
