@@ -133,7 +133,9 @@ def test_a_stop_while_the_resumed_child_runs_leaves_its_parent_neither_ended_nor
     outcome = third.run_turn("s", "how did it go?", timeout=WAIT)
     assert not isinstance(outcome, TurnFailed), outcome
     tools = [m for m in rt_history(third, "s") if m.role == "tool"]
-    assert [(m.tool_call_id, m.content) for m in tools] == [(1, "sub-s-1 failed")]
+    # ("sub-s-1 failed"; or the child's own outcome, if it ended just before the stop did.)
+    assert [m.tool_call_id for m in tools] == [1], tools
+    assert (tools[0].content or "").startswith("sub-s-1 "), tools
 
 
 # 3. `loopd approvals` lists (and `loopd approve` accepts) a background child's request that
