@@ -116,6 +116,9 @@ class SettleApproval(Message, frozen=True):
     call_id: CallId
     approved: bool
     reason: str = ""
+    ran: bool = False
+    """The runtime carries the decision out at once (a live turn's): the row is marked
+    carried out in the same transaction (see ``ApprovalsRun``)."""
 
 
 class DropApprovals(Message, frozen=True):

@@ -311,12 +311,16 @@ class ApprovalDesk:
             detail = NOT_WAITING.format(call_id=call_id, session=session)
             return self._reply(reply_to, ApprovalRefused(session, call_id, detail))
         settled = ApprovalSettled(session=session, call_id=call_id, approved=approved)
-        effects: Effects = [CancelApprovalTimer(session, call_id)]
-        effects += [ToStore(SettleApproval(session, call_id, approved, reason)), Emit(settled)]
-        effects += self._reply(reply_to, settled)
         # Only the reason a person gave goes to the model; a note stays with the decision.
         decision = ApprovalDecision(call_id, approved, "" if approved else reason)
-        if waiting.live and session in self.parking and session in self.state.live:
+        live = session in self.state.live
+        parking = waiting.live and session in self.parking and live
+        # A live turn carries an approval out now: the row says so in the same transaction.
+        ran = approved and waiting.live and live and not parking
+        effects: Effects = [CancelApprovalTimer(session, call_id)]
+        effects += [ToStore(SettleApproval(session, call_id, approved, reason, ran=ran))]
+        effects += [Emit(settled), *self._reply(reply_to, settled)]
+        if parking:
             self.parking[session].append(decision)  # carried out once it answers Parked
         elif waiting.live:
             effects += self._deliver(session, decision)
@@ -331,8 +335,7 @@ class ApprovalDesk:
         state = self.state
         live, hold = state.live.get(session), state.holds.get(session)
         if live is not None:
-            told = TellSession(session, live.incarnation, live.ref, decision)
-            return [*self._ran(session, (decision,)), told]
+            return [TellSession(session, live.incarnation, live.ref, decision)]
         if hold is not None and hold.resume is not None:
             waiting = tuple(c for c in hold.resume.waiting if c != decision.call_id)
             decisions = (*hold.resume.decisions, decision)

@@ -247,9 +247,16 @@ class StoreActor(pykka.ThreadingActor):
         if isinstance(msg, StoreApproval):
             return lambda cur: store.add_approval_in(cur, msg.approval)
         if isinstance(msg, SettleApproval):
-            return lambda cur: store.settle_approval_in(
-                cur, msg.session, msg.call_id, msg.approved, msg.reason
-            )
+
+            def settle(cur: Any) -> bool:
+                done = store.settle_approval_in(
+                    cur, msg.session, msg.call_id, msg.approved, msg.reason
+                )
+                if msg.ran:  # carried out at once: both in one transaction
+                    store.mark_ran_in(cur, msg.session, (msg.call_id,))
+                return done
+
+            return settle
         if isinstance(msg, ApprovalsRun):
             return lambda cur: store.mark_ran_in(cur, msg.session, msg.call_ids)
         if isinstance(msg, DropApprovals):
