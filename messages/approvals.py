@@ -72,6 +72,10 @@ class ApprovalDecision(Message, frozen=True):
     call_id: CallId
     approved: bool
     reason: str = ""
+    denial: str = ""
+    """Set when nobody was asked: the Context denied the call at once (a ``subagent`` call
+    a spawn limit denies anyway, see ``StoreApproval.spawns``), nothing was stored, and this
+    is the whole text the call answers."""
 
 
 class ApprovalTimedOut(Message, frozen=True):
@@ -107,6 +111,12 @@ class StoreApproval(Message, frozen=True):
     request_id: int
     approval: StoredApproval
     reply_to: str
+    spawns: bool = False
+    """The held work starts a child (a ``subagent`` call): the Context first checks the limits
+    only it knows (``loop.max_children_total``, ``subagents.max_background``); a call they deny
+    anyway is not stored, and the session is told ``ApprovalDecision(denial=...)``."""
+    background: bool = False
+    """With ``spawns``: the child would run in the background."""
 
 
 class SettleApproval(Message, frozen=True):

@@ -69,6 +69,9 @@ class OpenSession(Message, frozen=True):
     Context then builds a baseline (reading memory) only for a session that is really new.
     With ``create_only`` a stored session is an error (``StoreFailed(exists=True)``).
     ``request_id`` comes back in the answer, so a late answer is told from a current one.
+    ``first``: a session created here is stored with it as its first message and its first
+    turn counted, in the same transaction (the user message of the turn that creates it:
+    one commit, not two); a stored session is opened as it is, ``first`` not added.
     """
 
     session: SessionId
@@ -79,6 +82,7 @@ class OpenSession(Message, frozen=True):
     request_id: int = 0
     agent: str = "default"
     """The agent profile a session created here is stored with (a stored one keeps its own)."""
+    first: ChatMessage | None = None
 
 
 class CreateChild(Message, frozen=True):

@@ -229,3 +229,33 @@ def test_the_cli_refuses_a_decision_behind_a_runtime_on_a_shared_store(
     assert isinstance(rt.approve("s", 1), ApprovalSettled)
     assert events.wait(ended()).completed
     assert ran == ["prod"]
+
+
+@pytest.mark.skipif(
+    os.environ.get("LOOPD_CLUSTER_TESTS") != "1", reason="PostgreSQL runs in tox -e cluster"
+)
+def test_the_cli_says_a_decision_on_a_shared_store_can_be_overtaken(
+    loopd_runtime, loopd_config, pg_database, tmp_path: Path, capsys
+) -> None:
+    # A runtime holding the session with no actor takes no lock the CLI could see: the CLI
+    # records the decision but does not promise it is the one carried out.
+    from actors.core.config import StoreConfig
+    from actors.shells.cli import main
+
+    url = pg_database()
+    rt = loopd_runtime(
+        deploy_script,
+        tools=[deploy, status],
+        config=loopd_config.replace(store=StoreConfig(url=url)),
+    )
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    rt.stop()
+    path = tmp_path / "shell.toml"
+    path.write_text(f'home = "{tmp_path / "shell"}"\n\n[store]\nurl = "{url}"\n')
+    capsys.readouterr()
+    assert main(["approve", "s", "1", "--config", str(path)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("call 1 of session s approved; its turn resumes at the next start (")
+    assert "does not see this decision" in said and "#approval-held-elsewhere)" in said

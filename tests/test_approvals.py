@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,35 @@ def test_the_timeout_also_declines_after_a_restart(loopd_runtime) -> None:
     later.wait(ended())
     tools = {m.tool_call_id: m.content for m in rt_history(again, "s") if m.role == "tool"}
     assert tools[1] == "Denied: a person declined this call: no decision within 1 s."
+
+
+def test_a_decision_past_the_deadline_is_refused_and_the_call_declined(loopd_runtime) -> None:
+    # The stored deadline is binding also before its timer's message comes (a late timer, a
+    # decision right after a start that read the request back): the clock says it is past.
+    ran.clear()
+    ahead = [timedelta(0)]
+    rt = loopd_runtime(
+        deploy_script,
+        tools=[deploy, status],
+        approvals={"timeout_s": 60},
+        clock=lambda: datetime.now(UTC) + ahead[0],
+    )
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested())
+    ahead[0] = timedelta(seconds=61)  # its timer fires in a minute; the deadline has passed
+    refused = rt.approve("s", 1)
+    assert isinstance(refused, ApprovalRefused)
+    assert refused.detail == (
+        "call 1 of session s was declined for its timeout (no decision within 60 s): a decision "
+        "past its deadline is not carried out; see docs/runbook.md#approval-past-its-deadline"
+    )
+    settled = events.wait(lambda e: isinstance(e, ApprovalSettled))
+    assert not settled.approved
+    events.wait(ended())
+    tools = {m.tool_call_id: m.content for m in rt_history(rt, "s") if m.role == "tool"}
+    assert tools[1] == "Denied: a person declined this call: no decision within 60 s."
+    assert ran == [] and rt.pending_approvals() == ()
 
 
 def test_of_two_decisions_at_once_exactly_one_is_applied(loopd_runtime) -> None:

@@ -422,3 +422,30 @@ def test_a_typed_childs_answer_reaches_its_parent_uncut_after_a_restart(
     assert events.wait(ended()).completed
     parent = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
     assert parent == ['sub-s-1 completed\n{"servers":12,"where":"prod and eu"}']
+
+
+def two_parents(request: ModelRequest) -> Any:
+    """``s`` and ``t`` each delegate; a child calls deploy."""
+    if request.session in ("s", "t"):
+        if request.messages[-1].role == "user":
+            return calls(("subagent", {"task": "deploy prod"}))
+        return reply(tool_texts(request))
+    return family_script(request)
+
+
+def test_a_subagent_call_over_max_children_total_is_denied_without_asking(loopd_runtime) -> None:
+    # The Context alone knows how many children run: it checks before anyone is asked.
+    limits = {"loop": {"max_children_total": 1}, "approvals": {"tools": ["subagent"]}}
+    rt = loopd_runtime(two_parents, tools=[deploy], **limits)
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    events.wait(requested("s"))
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    events.wait(requested("sub-s-1"))  # the one child runs, waiting for a person
+    rt.send_turn("t", "ship it too")
+    events.wait(ended("t"))
+    assert not [e for e in events.seen if requested("t")(e)]
+    assert rt_history(rt, "t")[-2].content == (
+        "Denied: a limit of this runtime was reached: the runtime already runs 1 children "
+        "(loop.max_children_total)."
+    )

@@ -175,6 +175,7 @@ def test_the_cli_offers_a_background_childs_request_that_the_next_start_drops(
     assert ran == [] and stored_approvals(again) == []
     assert "sub-s-1" not in listing, f"listed, yet no start will ever ask: {listing!r}"
     assert code == 1, f"accepted a decision no start carries out: {said!r}"
+    assert "background subagent" in said and "not listed: 1 call" in listing
 
 
 # 4. A cancel while a decision reopens a session that waited since the start.
@@ -234,8 +235,12 @@ def test_a_call_past_its_deadline_is_not_run_by_a_late_shell_decision(
     rt.send_turn("s", "ship it")
     events.wait(requested())
     rt.stop()
-    time.sleep(1.5)  # the deadline passes while no runtime holds the home
+    # The deadline passes while no runtime holds the home (a wall clock's wait, no actor's).
+    (row,) = stored_approvals(rt)
+    time.sleep(max(0.0, (row.deadline - datetime.now(UTC)).total_seconds()) + 0.05)
     capsys.readouterr()
+    assert main(["approvals", "--home", rt.config.home]) == 0
+    listing = capsys.readouterr().out
     code = main(["approve", "s", "1", "--home", rt.config.home])
     said = capsys.readouterr().out
     again = loopd_runtime(deploy_script, tools=[deploy, status], config=rt.config)
@@ -243,6 +248,10 @@ def test_a_call_past_its_deadline_is_not_run_by_a_late_shell_decision(
     tools = [m.content for m in rt_history(again, "s") if m.role == "tool"]
     # A runtime on the home would have declined it at the deadline; nobody decided in time.
     assert ran == [], f"a call past its deadline ran (the CLI said {said!r}, exit {code}): {tools}"
+    assert code == 1 and "declined for its timeout (no decision within 1 s)" in said
+    assert listing.startswith("no call waits for a decision\npast its deadline: call 1 of")
+    assert "Denied: a person declined this call: no decision within 1 s." in tools
+    assert stored_approvals(again) == []
 
 
 # 6. A SIGKILL while an approved call runs: the next start runs it a second time.
@@ -333,6 +342,10 @@ def test_a_subagent_call_over_the_background_limit_is_denied_without_asking(
         events.wait(ended(), since=since)
     texts = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
     assert asked == [], f"a person was asked about a call the limit denies anyway: {texts[-1]!r}"
+    assert texts[-1] == (
+        "Denied: a limit of this runtime was reached: 1 background subagents are running; "
+        "wait for one to report."
+    )
 
 
 # 8. A turn published as ended (cancelled) at a stop is resumed at the next start.

@@ -31,6 +31,7 @@ from actors.core.approvals import (
     ApprovalBook,
     ArmApprovalTimer,
     CancelApprovalTimer,
+    past_deadline_detail,
     timeout_reason,
 )
 from actors.core.budget import Budgets, parent_of
@@ -93,6 +94,7 @@ class ContextState(Protocol):
     def reopen(self, hold: Hold) -> Effects: ...
     def give_back(self, session: str) -> Effects: ...
     def release(self, session: str) -> Effects: ...
+    def limit_denial(self, parent: str, background: bool) -> str | None: ...
 
 
 class ApprovalDesk:
@@ -115,8 +117,13 @@ class ApprovalDesk:
 
     def store(self, msg: StoreApproval) -> Effects:
         """A session's waiting call goes to the store through here, with what its family has
-        spent (``loop.token_budget``) and whether it is a background child's."""
+        spent (``loop.token_budget``) and whether it is a background child's; a ``subagent``
+        call a spawn limit denies anyway is answered at once instead (``limit_denial``)."""
         state = self.state
+        denial = state.limit_denial(msg.session, msg.background) if msg.spawns else None
+        if denial is not None:  # denied anyway: nothing is stored, nobody is asked
+            decision = ApprovalDecision(msg.approval.request.call_id, False, denial=denial)
+            return [Reply(msg.reply_to, decision)]
         spent = state.budgets.spent(msg.session) if state.budgets is not None else 0
         background = self._background(state.holds.get(msg.session))
         entry = msgspec.structs.replace(msg.approval, spent=spent, background=background)
@@ -304,6 +311,8 @@ class ApprovalDesk:
         *,
         timer_fired: bool = False,
     ) -> Effects:
+        if not timer_fired and self.book.expired(session, call_id, self.state.clock()):
+            return self._too_late(session, call_id, reply_to)
         waiting = self.book.take(session, call_id)
         if waiting is None:
             if timer_fired:
@@ -327,6 +336,13 @@ class ApprovalDesk:
         else:
             effects += self._resume(session, [decision])
         return effects + self._unpause()
+
+    def _too_late(self, session: str, call_id: int, reply_to: str | None) -> Effects:
+        """A decision past the call's deadline, before its timer's message: the deadline is
+        binding, so the decision is refused and the call is declined for its timeout now."""
+        detail = past_deadline_detail(session, call_id, self.state.config.approvals.timeout_s)
+        refused = ApprovalRefused(session, call_id, detail)
+        return self.timed_out(ApprovalTimedOut(session, call_id)) + self._reply(reply_to, refused)
 
     def _deliver(self, session: str, decision: ApprovalDecision) -> Effects:
         """Tell the turn its decision: to its actor's ref (so it queues behind the RunTurn

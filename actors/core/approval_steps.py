@@ -33,6 +33,7 @@ from actors.core.turn_effects import (
     Emit,
     ForgetApprovals,
     Persist,
+    Spawn,
 )
 from messages import (
     ApprovalDecision,
@@ -124,7 +125,10 @@ def run_or_wait(
     wait.held[call.id] = work
     wait.storing[request_id] = entry
     wait.asked.append(call.id)
-    return [AskApproval(request_id, entry)]
+    # A spawn's limits are the Context's: it checks them before anyone is asked.
+    spawn = next((w for w in work if isinstance(w, Spawn)), None)
+    background = spawn is not None and spawn.background
+    return [AskApproval(request_id, entry, spawns=spawn is not None, background=background)]
 
 
 def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
@@ -152,6 +156,19 @@ def not_stored(turn: Turn, request_id: int, detail: str) -> list[Effect]:
     turn.wait.asked.remove(call_id)
     text = f"Error: the call could not be stored to wait for a person: {detail}"
     return turn.tool_result(ToolResult(call_id, text))
+
+
+def denied_at_once(turn: Turn, decision: ApprovalDecision) -> list[Effect]:
+    """The Context denied a held call instead of storing it (a ``subagent`` call a spawn
+    limit denies anyway): nobody was asked, and it answers ``decision.denial``."""
+    call_id = decision.call_id
+    for request_id, entry in list(turn.wait.storing.items()):
+        if entry.request.call_id == call_id:
+            del turn.wait.storing[request_id]  # no store answer comes: nothing was stored
+    if turn.wait.held.pop(call_id, None) is None:
+        return []
+    turn.wait.asked.remove(call_id)  # no row to forget
+    return turn.tool_result(ToolResult(call_id, decision.denial, denied=True))
 
 
 def decided(turn: Turn, decision: ApprovalDecision) -> list[Effect]:

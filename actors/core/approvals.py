@@ -24,9 +24,12 @@ from messages import (
     ToolCall,
     denial_message,
 )
+from messages.ids import CHILD_PREFIX
 
 __all__ = [
+    "BACKGROUND_CUT_OFF",
     "NOT_WAITING",
+    "PAST_DEADLINE",
     "ApprovalBook",
     "ApprovalPolicy",
     "ArmApprovalTimer",
@@ -34,7 +37,12 @@ __all__ = [
     "Waiting",
     "approval_policies",
     "declined_text",
+    "dropped_at_start",
+    "past_deadline",
+    "past_deadline_detail",
+    "shell_refusal",
     "stored_approval",
+    "stored_timeout_s",
     "timeout_reason",
 ]
 
@@ -42,10 +50,64 @@ NOT_WAITING = "call {call_id} of session {session} is not waiting for a decision
 """The ``ApprovalRefused.detail`` of a decision for a call that is not waiting (never was,
 settled already, or cancelled)."""
 
+BACKGROUND_CUT_OFF = (
+    "call {call_id} of session {session} waits in a background subagent that a stop cut off: "
+    "the next start drops it and the child reports failed, so a decision here would never be "
+    "carried out; see docs/runbook.md#approval-of-a-cut-off-background-child"
+)
+"""What ``loopd approve`` / ``deny`` print (exit 1) for a stored call of a background child:
+no parent's call waits for it, so the next start drops it (:func:`dropped_at_start`)."""
+
+PAST_DEADLINE = (
+    "call {call_id} of session {session} was declined for its timeout ({reason}): a decision "
+    "past its deadline is not carried out; see docs/runbook.md#approval-past-its-deadline"
+)
+"""The ``ApprovalRefused.detail`` of a decision that comes past the call's stored deadline:
+the deadline is binding, so the call is declined with the timeout's reason (by the runtime's
+timer, or at the next start) whether or not a runtime ran meanwhile."""
+
 
 def timeout_reason(timeout_s: float) -> str:
     """The reason the timeout declines a call with: ``no decision within 604800 s``."""
     return f"no decision within {timeout_s:g} s"
+
+
+def dropped_at_start(entry: StoredApproval) -> bool:
+    """Whether the next ``Runtime.start`` drops ``entry`` instead of holding its turn: a
+    background child's call (no parent's call waits for it; the child reports failed)."""
+    return entry.background and entry.request.session.startswith(CHILD_PREFIX)
+
+
+def past_deadline(entry: StoredApproval, now: datetime) -> bool:
+    """Whether ``entry``'s deadline has passed at ``now``: it is declined for its timeout."""
+    return entry.deadline <= now
+
+
+def past_deadline_detail(session: str, call_id: int, timeout_s: float) -> str:
+    """The :data:`PAST_DEADLINE` detail of ``session``'s call ``call_id``."""
+    reason = timeout_reason(timeout_s)
+    return PAST_DEADLINE.format(call_id=call_id, session=session, reason=reason)
+
+
+def stored_timeout_s(entry: StoredApproval) -> float:
+    """The ``approvals.timeout_s`` ``entry``'s deadline was set with (what a shell tells of
+    it: the shell's own configuration may differ from the runtime's)."""
+    return (entry.deadline - entry.request.at).total_seconds()
+
+
+def shell_refusal(
+    entry: StoredApproval | None, session: str, call_id: int, now: datetime
+) -> str | None:
+    """Why a decision from outside any runtime (the CLI) at ``now`` for ``session``'s call
+    ``call_id``, stored as ``entry`` (None: no such row), would never be carried out, as the
+    ``ApprovalRefused`` detail; None if it may be recorded."""
+    if entry is None or entry.approved is not None:
+        return NOT_WAITING.format(call_id=call_id, session=session)
+    if dropped_at_start(entry):
+        return BACKGROUND_CUT_OFF.format(call_id=call_id, session=session)
+    if past_deadline(entry, now):
+        return past_deadline_detail(session, call_id, stored_timeout_s(entry))
+    return None
 
 
 def declined_text(reason: str) -> str:
@@ -141,6 +203,12 @@ class ApprovalBook:
         """Remove and return the waiting call, or None if it is not waiting: whoever takes it
         settles it, so of two decisions only the first finds it."""
         return self._waiting.pop((session, call_id), None)
+
+    def expired(self, session: str, call_id: int, now: datetime) -> bool:
+        """Whether ``session``'s call ``call_id`` waits past its deadline (its timer, armed for
+        the deadline, is about to decline it)."""
+        waiting = self._waiting.get((session, call_id))
+        return waiting is not None and past_deadline(waiting.entry, now)
 
     def of(self, session: str) -> list[Waiting]:
         """``session``'s waiting calls, in call order."""

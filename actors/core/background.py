@@ -48,7 +48,6 @@ from messages import (
     LoadBackground,
     RunTurn,
     SaveBackground,
-    SubagentRequest,
     SubagentStarted,
     ToolDone,
     ToolResult,
@@ -229,12 +228,23 @@ class BackgroundSpawns:
 
     # The spawn: stored first, then answered at once.
 
-    def _background_denial(self, msg: SubagentRequest) -> str | None:
+    def limit_denial(self, parent: str, background: bool) -> str | None:
+        """The LIMIT denial a ``subagent`` call of ``parent`` meets at the Context now, or
+        None: ``loop.max_children_total`` children run, or (``background``) see
+        :meth:`_background_denial`. Checked at the spawn, and before a person is asked about
+        one (a call denied anyway is denied at once, nobody asked)."""
+        limit = self.config.loop.max_children_total
+        if self.holds.children() >= limit:
+            detail = f"the runtime already runs {limit} children (loop.max_children_total)"
+            return denial_message(DenyReason.LIMIT, detail)
+        return self._background_denial(parent) if background else None
+
+    def _background_denial(self, parent: str) -> str | None:
         """The LIMIT denial of a background call from a child, or past
         ``subagents.max_background``."""
-        if depth_of(msg.parent) > 0:  # the session checks first; answer all the same
+        if depth_of(parent) > 0:  # the session checks first; answer all the same
             return denial_message(DenyReason.LIMIT, CHILD_BACKGROUND)
-        running = self.background.running_in(family_of(msg.parent))
+        running = self.background.running_in(family_of(parent))
         if running < self.background.max_background:
             return None
         return denial_message(DenyReason.LIMIT, limit_detail(running))

@@ -160,6 +160,8 @@ class SlotsConfig(Section, frozen=True):
 
     def home_slot(self, name: SlotPool) -> int:
         """The slot a new session of pool ``name`` is created on: the pool's first."""
+        if name == "main":  # asked on every turn: no copy of a large pool for its first id
+            return self.main if isinstance(self.main, int) else self.main[0]
         return self.pool(name)[0]
 
     def resolved(self, total: int | None = None) -> SlotsConfig:

@@ -256,16 +256,12 @@ class ContextState(BackgroundSpawns):
             child = child_id(msg.parent, msg.call_id)
         except ArgumentError as exc:  # the session checks first; answer all the same
             return self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, exc.detail))
-        limit = self.config.loop.max_children_total
-        if self.holds.children() >= limit:
-            detail = f"the runtime already runs {limit} children (loop.max_children_total)"
-            return self._deny(msg, denial_message(DenyReason.LIMIT, detail))
+        denial = self.limit_denial(msg.parent, msg.background)
+        if denial is not None:
+            return self._deny(msg, denial)
         if msg.agent not in self.agents:  # the session checks first; answer all the same
             detail = f"unknown agent: {msg.agent}"
             return self._deny(msg, denial_message(DenyReason.INVALID_ARGUMENTS, detail))
-        denial = self._background_denial(msg) if msg.background else None
-        if denial is not None:
-            return self._deny(msg, denial)
         text = child_text(msg.task, self.config.loop.tool_result_cap, self.clock())
         spawn = next(self.spawns)
         hold = Hold(
@@ -360,6 +356,7 @@ class ContextState(BackgroundSpawns):
             self.address,
             request_id=hold.open_request,
             agent=hold.agent or DEFAULT_AGENT,
+            first=hold.first_message() if baseline is not None else None,
         )
         return [ToStore(request)]
 
@@ -419,7 +416,9 @@ class ContextState(BackgroundSpawns):
             return self._wrong_output(hold)
         if hold.is_child:  # resumed after a restart: a typed child's JSON reaches its parent uncut
             hold.output = output_spec(msg.record.baseline)
-        return self._start_session(msg.record, hold.run_turn())
+        # Created with the turn's user message (OpenSession.first): the turn asks the model.
+        stored = msg.created and msg.record.turns == 1
+        return self._start_session(msg.record, hold.run_turn(stored=stored))
 
     def _wrong_output(self, hold: Hold) -> Effects:
         """Release ``hold`` and answer it ``WRONG_OUTPUT`` (nothing was stored for it)."""

@@ -85,8 +85,17 @@ class Hold:
         """True for a subagent's turn."""
         return self.parent is not None
 
-    def run_turn(self) -> RunTurn:
-        """What the session actor is told to run this turn on a session it has (stored)."""
+    def first_message(self) -> ChatMessage | None:
+        """The user message a new top-level session is created with (its ``OpenSession``'s
+        ``first``), so creating it and storing the turn's first message are one transaction;
+        None for a turn that stores more than that first (background reports, a resume)."""
+        if self.is_child or self.reports or self.resume is not None:
+            return None
+        return ChatMessage(role="user", content=self.text, name=self.speaker)
+
+    def run_turn(self, *, stored: bool = False) -> RunTurn:
+        """What the session actor is told to run this turn on a session it has (stored);
+        ``stored``: the session was created with :meth:`first_message`."""
         pool: SlotPool = "background" if self.is_child else "main"
         reports = tuple(
             BackgroundReport(r.parent, r.child, r.report or "", r.untrusted) for r in self.reports
@@ -94,6 +103,7 @@ class Hold:
         return RunTurn(
             self.text,
             self.speaker,
+            stored=stored,
             pool=pool,
             trace=self.trace,
             reports=reports,

@@ -228,6 +228,8 @@ class Turn:
         """A person (or the timeout) settled a call that waits: it runs, or is declined."""
         if self.phase is not _Phase.CALLING:
             return []
+        if decision.denial:  # denied at once by the Context, nobody asked
+            return approval_steps.denied_at_once(self, decision)
         return approval_steps.decided(self, decision)
 
     def park(self) -> list[Effect] | None:

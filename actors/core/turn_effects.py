@@ -124,6 +124,9 @@ class AskApproval:
 
     request_id: int
     approval: StoredApproval
+    spawns: bool = False
+    """The held work is a ``Spawn`` (``StoreApproval.spawns``)."""
+    background: bool = False
 
 
 @dataclass(frozen=True)

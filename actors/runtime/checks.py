@@ -65,8 +65,11 @@ def output_kind(config: Config, output: Any, agent: str | None) -> Any:
     JSON value."""
     if output is not None:
         return output
-    name = agent or DEFAULT_AGENT
-    return config.agent(name).output if name in config.agent_names() else None
+    # The profile itself, not config.agent(): that builds (and validates) an empty default
+    # profile on each call, which cost a plain turn several per cent of its CPU; an
+    # unconfigured default profile has no output type.
+    profile = config.agents.get(agent or DEFAULT_AGENT)
+    return profile.output if profile is not None else None
 
 
 def turn_timed_out(session: str, timeout: float | None) -> TimeoutError:

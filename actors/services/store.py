@@ -285,7 +285,7 @@ class StoreActor(pykka.ThreadingActor):
                 True,
             )
         return lambda cur: store.open_or_create_in(
-            cur, msg.session, baseline, msg.slot, agent=msg.agent
+            cur, msg.session, baseline, msg.slot, agent=msg.agent, first=msg.first
         )
 
     def _reply(self, msg: StoreRequest, result: Any) -> Any:

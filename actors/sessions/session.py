@@ -375,7 +375,10 @@ class SessionActor(DispatchedActor):
                 )
                 tell(CONTEXT, request)
             elif isinstance(effect, AskApproval):
-                ask = StoreApproval(s.id, effect.request_id, effect.approval, self.address)
+                spawns, background = effect.spawns, effect.background
+                ask = StoreApproval(
+                    s.id, effect.request_id, effect.approval, self.address, spawns, background
+                )
                 tell(CONTEXT, ask)  # which adds what its family spent, and sends it on
             elif isinstance(effect, Announce):
                 tell(CONTEXT, effect.approval)  # stored: the Context publishes the request

@@ -5,7 +5,9 @@ the moment it writes, so no runtime starts meanwhile): the decision is recorded 
 call, and the turn resumes at the next ``Runtime.start`` on that home. A runtime that holds the
 home is decided through (``Runtime.approve`` / ``deny``, the REPL's ``approve(...)``); on a
 shared store (PostgreSQL) a session another process runs now is refused (``HELD_ELSEWHERE``).
-A decision for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1.
+A decision for a call that is not waiting prints the ``ApprovalRefused`` detail and exits 1;
+so does one the next start would not carry out: a background child's call (it drops it), or a
+call past its stored deadline (the deadline is binding: it declines it for its timeout).
 """
 
 from __future__ import annotations
@@ -14,15 +16,23 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
-from actors.core.approvals import NOT_WAITING
+from actors.core.approvals import (
+    NOT_WAITING,
+    dropped_at_start,
+    past_deadline,
+    shell_refusal,
+    stored_timeout_s,
+    timeout_reason,
+)
 from actors.core.config import Config
 from actors.shells.render import approvals_table
 from actors.stores.base import StoreError
 from actors.stores.lock import HomeLock
 from actors.stores.open import open_store
-from messages import ApprovalRefused, check_session_id
+from messages import ApprovalRefused, StoredApproval, check_session_id
 
 __all__ = ["add_commands", "cmd_approvals", "cmd_approve", "cmd_deny"]
 
@@ -36,15 +46,42 @@ HELD_ELSEWHERE = (
 """What ``loopd approve`` / ``deny`` print (exit 2) when, on a shared store, another process's
 runtime runs the session: a decision written behind it would never reach its turn."""
 
+SHARED_STORE_CAVEAT = (
+    " (on a shared store, a runtime that holds the session without its actor, waiting since "
+    "its start or passivated, does not see this decision: one made through that runtime, or "
+    "its timeout, comes first; see docs/runbook.md#approval-held-elsewhere)"
+)
+"""Added to what ``loopd approve`` / ``deny`` print on a shared store (PostgreSQL): such a
+runtime holds no lock the CLI could see, so the decision recorded here is carried out only if
+that runtime stops before it settles the call itself."""
+
 
 def cmd_approvals(args: argparse.Namespace, config: Config) -> int:
-    """List the calls waiting for a person, oldest first, the untrusted flag shown."""
+    """List the calls waiting for a person, oldest first, the untrusted flag shown: only those
+    a decision here is carried out for. Below the table: each call past its deadline (the
+    next start declines it for its timeout), and how many background children's calls were
+    left out (the next start drops them)."""
     store = open_store(config)
     try:
-        waiting = tuple(e.request for e in store.approvals() if e.approved is None)
+        waiting = [e for e in store.approvals() if e.approved is None]
     finally:
         store.close()
-    print(approvals_table(waiting))
+    now = datetime.now(UTC)
+    kept = [e for e in waiting if not dropped_at_start(e)]
+    print(approvals_table(tuple(e.request for e in kept if not past_deadline(e, now))))
+    for e in (e for e in kept if past_deadline(e, now)):
+        r, reason = e.request, timeout_reason(stored_timeout_s(e))
+        print(
+            f"past its deadline: call {r.call_id} of session {r.session} ({r.tool}); the "
+            f"next start declines it: {reason}"
+        )
+    cut_off = len(waiting) - len(kept)
+    if cut_off:
+        calls = "call" if cut_off == 1 else "calls"
+        print(
+            f"not listed: {cut_off} {calls} of background subagents a stop cut off (the next "
+            "start drops them; see docs/runbook.md#approval-of-a-cut-off-background-child)"
+        )
     return 0
 
 
@@ -77,7 +114,10 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
     with _no_runtime(config):
         store = open_store(config)
         try:
-            done = store.settle_approval(session, call_id, approved, reason)
+            # The home's lock (SQLite) keeps the row as read until the decision is written.
+            row = _row(store.approvals(), session, call_id)
+            refused = shell_refusal(row, session, call_id, datetime.now(UTC))
+            done = refused is None and store.settle_approval(session, call_id, approved, reason)
         except StoreError as exc:
             if not exc.held_elsewhere:
                 raise
@@ -86,12 +126,20 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
         finally:
             store.close()
     if not done:
-        detail = NOT_WAITING.format(call_id=call_id, session=session)
+        # Refused before writing, or the write found the row decided meanwhile (PostgreSQL).
+        detail = refused or NOT_WAITING.format(call_id=call_id, session=session)
         print(ApprovalRefused(session, call_id, detail).detail)
         return 1
     word = "approved" if approved else "declined"
-    print(f"call {call_id} of session {session} {word}; its turn resumes at the next start")
+    caveat = SHARED_STORE_CAVEAT if config.store.url is not None else ""
+    print(f"call {call_id} of session {session} {word}; its turn resumes at the next start{caveat}")
     return 0
+
+
+def _row(entries: list[StoredApproval], session: str, call_id: int) -> StoredApproval | None:
+    """The stored row of ``session``'s call ``call_id``, if any."""
+    found = (e for e in entries if (e.request.session, e.request.call_id) == (session, call_id))
+    return next(found, None)
 
 
 def add_commands(

@@ -72,9 +72,17 @@ class StoreBackend(Protocol):
         ...
 
     def open_or_create_in(
-        self, cur: Any, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+        self,
+        cur: Any,
+        id: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        agent: str = "default",
+        first: ChatMessage | None = None,
     ) -> tuple[SessionRecord, bool]:
-        """Open ``id`` or create it (with profile ``agent``); True when it was created."""
+        """Open ``id`` or create it (with profile ``agent``, and ``first`` as its first message
+        and first turn); True when it was created."""
         ...
 
     def append_in(

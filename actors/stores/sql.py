@@ -381,15 +381,26 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
             return self.open_or_create_in(cur, id, baseline, slot, agent=agent)
 
     def open_or_create_in(
-        self, cur: Any, id: str, baseline: Baseline, slot: int, *, agent: str = "default"
+        self,
+        cur: Any,
+        id: str,
+        baseline: Baseline,
+        slot: int,
+        *,
+        agent: str = "default",
+        first: ChatMessage | None = None,
     ) -> tuple[SessionRecord, bool]:
-        """:meth:`open_or_create` inside the caller's transaction (for :meth:`run_batch`)."""
+        """:meth:`open_or_create` inside the caller's transaction (for :meth:`run_batch`); a
+        session created with ``first`` holds it as its first message, its first turn counted."""
         check_session_id(id)
         self._hold(cur, id)
-        created = self._row(cur, id) is None
-        if created:
-            self._insert(cur, id, baseline, slot, agent=agent)
-        return self._record(cur, id), created
+        if self._row(cur, id) is not None:
+            return self._record(cur, id), False
+        self._insert(cur, id, baseline, slot, turns=0 if first is None else 1, agent=agent)
+        if first is None:
+            return self._record(cur, id), True
+        self._insert_messages(cur, id, (first,), now(), last=0)
+        return SessionRecord(id, baseline, slot, (first,), 1, 1, False, agent=agent), True
 
     def append(
         self,

@@ -540,3 +540,14 @@ def test_a_cron_field_that_cannot_mean_what_it_says_is_refused_at_load_naming_it
 )
 def test_ordinary_cron_fields_still_load(schedule: str) -> None:
     assert CronJob(session="ops", schedule=schedule, prompt="go").schedule == schedule
+
+
+def test_a_new_sessions_home_slot_is_the_first_of_its_pool() -> None:
+    for slots in (
+        SlotsConfig(),
+        SlotsConfig(main=3, background=4),
+        SlotsConfig(main=(5, 5, 2), background=(7, 1)),
+        SlotsConfig(main=(0, 1), total=4),
+    ):
+        for pool in ("main", "background"):
+            assert slots.home_slot(pool) == slots.pool(pool)[0], (slots, pool)

@@ -125,6 +125,38 @@ def test_a_second_turn_on_a_held_session_is_answered_busy(tmp_path) -> None:
     assert shell.state.status() == ContextStatus(held=("s",), live=())
 
 
+def test_a_new_session_is_created_with_its_turns_user_message_and_asks_the_model_at_once(
+    tmp_path,
+) -> None:
+    # One transaction creates the session and stores the user message (durable before the
+    # model request, as ever), so the turn starts stored: no AppendMessages of its own.
+    shell = Shell(tmp_path)
+    (opening,) = shell.run(shell.state.start_turn(StartTurn("s", "hi", "ann", reply_to="w")))
+    assert isinstance(opening, ToStore) and opening.message.first is None  # open only
+    missing = StoreFailed("s", "no", missing=True, request_id=opening.message.request_id)
+    asked, creating = shell.run(shell.state.store_failed(missing))
+    assert isinstance(asked, BuildBaseline) and isinstance(creating, ToStore)
+    create = creating.message
+    assert isinstance(create, OpenSession) and create.baseline == BASELINE
+    assert create.first == ChatMessage(role="user", content="hi", name="ann")
+    first = create.first
+    record = SessionRecord("s", BASELINE, create.slot, (first,), 1, 1, False)
+    created = shell.run(shell.state.loaded(SessionLoaded(record, True, create.request_id)))
+    (tell,) = of(TellSession, created)
+    assert tell.message == RunTurn("hi", "ann", stored=True)
+    # A session some other writer created meanwhile is opened as stored: the turn stores
+    # its user message itself.
+    shell = Shell(tmp_path)
+    (opening,) = shell.run(shell.state.start_turn(StartTurn("t", "hi", reply_to="w")))
+    missing = StoreFailed("t", "no", missing=True, request_id=opening.message.request_id)
+    _, creating = shell.run(shell.state.store_failed(missing))
+    record = SessionRecord("t", BASELINE, 0, (), 0, 1, False)
+    stored = SessionLoaded(record, False, creating.message.request_id)
+    opened = shell.run(shell.state.loaded(stored))
+    (tell,) = of(TellSession, opened)
+    assert tell.message == RunTurn("hi")
+
+
 def test_a_childs_outcome_goes_to_its_parents_pending_call(tmp_path) -> None:
     shell = Shell(tmp_path)
     effects = shell.spawn("p", 3)

@@ -493,6 +493,23 @@ def test_store_actor_answers_each_request_at_its_reply_address(
     assert (again.record.next_call_id, again.record.untrusted) == (2, True)
 
 
+def test_an_open_that_creates_stores_the_first_message_in_the_same_transaction(
+    any_actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe, open_store: Opener
+) -> None:
+    # A new session's first turn: created with its user message and its first turn counted,
+    # durable when answered; a stored session is opened as it is, the message not added.
+    directory.tell(STORE, OpenSession("s", BASELINE, 1, reply_to="probe", first=user("hi")))
+    loaded = probe.next()
+    assert isinstance(loaded, SessionLoaded) and loaded.created
+    assert (loaded.record.transcript, loaded.record.turns) == ((user("hi"),), 1)
+    with open_store() as reader:
+        assert reader.open("s") == loaded.record
+    directory.tell(STORE, OpenSession("s", OTHER, 5, reply_to="probe", first=user("again")))
+    again = probe.next()
+    assert isinstance(again, SessionLoaded) and not again.created
+    assert again.record == loaded.record
+
+
 def test_store_actor_answers_failures_and_keeps_serving(
     any_actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe
 ) -> None:
