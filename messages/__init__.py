@@ -7,6 +7,7 @@ Everything here is pure data. Any message round-trips through ``msgspec.json`` a
 from messages.approvals import (
     ApprovalDecision,
     ApprovalRefused,
+    ApprovalsRun,
     ApprovalTimedOut,
     ApproveCall,
     DenyCall,
@@ -132,6 +133,7 @@ __all__ = [
     "ApprovalRequested",
     "ApprovalSettled",
     "ApprovalTimedOut",
+    "ApprovalsRun",
     "ApproveCall",
     "BackgroundLoaded",
     "BackgroundReport",

@@ -4,8 +4,8 @@
 the CLI, the REPL); a decision for a call that is not waiting is answered ``ApprovalRefused``.
 The rest travel inside the runtime: the Context tells the session its ``ApprovalDecision``,
 the store keeps each waiting call as a ``StoredApproval`` (``StoreApproval``,
-``SettleApproval``, ``DropApprovals``), and ``Resume`` continues a turn cut off while it (or
-a child of it) waited.
+``SettleApproval``, ``ApprovalsRun``, ``DropApprovals``), and ``Resume`` continues a turn cut
+off while it (or a child of it) waited.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRefused",
     "ApprovalTimedOut",
+    "ApprovalsRun",
     "ApproveCall",
     "DenyCall",
     "DropApprovals",
@@ -98,6 +99,9 @@ class StoredApproval(Message, frozen=True):
     background: bool = False
     """The call is a background child's (or a descendant's): no parent's call waits for it,
     so a restart drops it."""
+    ran: bool = False
+    """The runtime began carrying out the decision (the call's work ran): a start after a
+    crash answers the call as interrupted instead of running it again."""
 
 
 class StoreApproval(Message, frozen=True):
@@ -122,6 +126,9 @@ class SettleApproval(Message, frozen=True):
     call_id: CallId
     approved: bool
     reason: str = ""
+    ran: bool = False
+    """The runtime carries the decision out at once (a live turn's): the row is marked
+    carried out in the same transaction (see ``ApprovalsRun``)."""
 
 
 class DropApprovals(Message, frozen=True):
@@ -138,6 +145,14 @@ class RecordSpent(Message, frozen=True):
     session: SessionId
     call_ids: tuple[CallId, ...]
     spent: int
+
+
+class ApprovalsRun(Message, frozen=True):
+    """Mark ``session``'s decided calls ``call_ids`` as carried out: their work begins now, so
+    a start after a crash never runs it again (no answer)."""
+
+    session: SessionId
+    call_ids: tuple[CallId, ...]
 
 
 class ListApprovals(Message, frozen=True):

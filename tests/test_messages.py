@@ -342,6 +342,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     messages.DropApprovals: lambda: messages.DropApprovals("mm-thread", (3, 4)),
     messages.ListApprovals: lambda: messages.ListApprovals(),
     messages.RecordSpent: lambda: messages.RecordSpent("mm-thread", (3, 4), 120),
+    messages.ApprovalsRun: lambda: messages.ApprovalsRun("mm-thread", (3,)),
     messages.Park: lambda: messages.Park(),
     messages.Parked: lambda: messages.Parked("mm-thread", 3, True),
     messages.Resume: lambda: messages.Resume(

@@ -90,6 +90,8 @@ def slow_deploy(env: str) -> str:
 def slow_family(request: ModelRequest) -> Any:
     last = request.messages[-1]
     if request.session == "s":
+        if last.role == "user" and last.content == "how did it go?":
+            return reply(tool_texts(request))
         if last.role == "user":
             return calls(("subagent", {"task": "deploy prod"}))
         return reply(tool_texts(request))
@@ -123,9 +125,17 @@ def test_a_stop_while_the_resumed_child_runs_leaves_its_parent_neither_ended_nor
     if not parent_end:
         third.wait_family("s", timeout=WAIT)
         parent_end = [e for e in later.seen if isinstance(e, TurnEnded) and e.session == "s"]
-    tools = [m for m in rt_history(third, "s") if m.role == "tool"]
     assert parent_end, "the parent's turn never ends: no TurnEnded at the stop or after"
-    assert [m.tool_call_id for m in tools] == [1], "the parent's subagent call has no result"
+    assert len(parent_end) == 1, parent_end
+    assert stored_approvals(third) == []  # nothing of the family is left to resume
+    # Its cut-off subagent call is answered at its next turn, as for any turn a stop or a
+    # crash cut off with no actor (the crash repair): the transcript stays valid.
+    outcome = third.run_turn("s", "how did it go?", timeout=WAIT)
+    assert not isinstance(outcome, TurnFailed), outcome
+    tools = [m for m in rt_history(third, "s") if m.role == "tool"]
+    # ("sub-s-1 failed"; or the child's own outcome, if it ended just before the stop did.)
+    assert [m.tool_call_id for m in tools] == [1], tools
+    assert (tools[0].content or "").startswith("sub-s-1 "), tools
 
 
 # 3. `loopd approvals` lists (and `loopd approve` accepts) a background child's request that

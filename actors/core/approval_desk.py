@@ -54,6 +54,7 @@ from messages import (
     ApprovalDecision,
     ApprovalRefused,
     ApprovalSettled,
+    ApprovalsRun,
     ApprovalTimedOut,
     ApproveCall,
     Cancel,
@@ -64,6 +65,7 @@ from messages import (
     Parked,
     RecordSpent,
     Resume,
+    RunTurn,
     SettleApproval,
     StoreApproval,
     StoredApproval,
@@ -91,6 +93,7 @@ class ContextState(Protocol):
     def clock(self) -> Callable[[], datetime]: ...
     def reopen(self, hold: Hold) -> Effects: ...
     def give_back(self, session: str) -> Effects: ...
+    def release(self, session: str) -> Effects: ...
     def limit_denial(self, parent: str, background: bool) -> str | None: ...
 
 
@@ -104,6 +107,8 @@ class ApprovalDesk:
         """Children whose ``loop.child_timeout_s`` timer is paused while a call waits."""
         self.parking: dict[str, list[ApprovalDecision]] = {}
         """Sessions told ``Park``, with the decisions that came meanwhile."""
+        self.cancelling: dict[str, tuple[FailReason, str]] = {}
+        """Sessions told ``Park`` and then cancelled: their ``Parked`` ends the turn."""
         self.children: dict[str, set[int]] = {}
         """Parents held since the start whose ``subagent`` calls wait for a child that waits
         for a person: the child's outcome resumes the parent."""
@@ -140,6 +145,11 @@ class ApprovalDesk:
         decided: dict[str, list[ApprovalDecision]] = {}
         for entry in entries:
             request = entry.request
+            if entry.ran:
+                # Its work began before the crash: the resumed turn (or a crash's repair)
+                # answers the call as interrupted; it never runs twice.
+                effects.append(ToStore(DropApprovals(request.session, (request.call_id,))))
+                continue
             if entry.background and request.session.startswith(CHILD_PREFIX):
                 drop = DropApprovals(request.session, (request.call_id,))
                 effects.append(ToStore(drop))
@@ -163,26 +173,73 @@ class ApprovalDesk:
                 effects.append(CancelApprovalTimer(msg.session, call_id))
         return [*effects, ToStore(msg), *self._unpause()]
 
-    def cancelled(self, session: str) -> Effects:
+    def cancelled(
+        self, session: str, reason: FailReason = FailReason.CANCELLED, detail: str = ""
+    ) -> Effects:
         """``session``'s turn is cancelled: requests read back at the start are dropped here
-        (a live turn drops its own when it ends)."""
+        (a live turn drops its own when it ends). A session told ``Park`` may have parked
+        already (its actor then ignores the Cancel): all its requests, and the decisions that
+        came meanwhile, go now, and its ``Parked`` answers the turn cancelled
+        (:meth:`parked`)."""
         self.children.pop(session, None)
-        waiting = [w for w in self.book.of(session) if not w.live]
-        if not waiting:
-            return []
+        parking = session in self.parking
+        # A session a decision is reopening has no actor told its resume yet: its requests,
+        # and the decisions it was to carry out, are dropped here too.
+        hold = self.state.holds.get(session)
+        resume = hold.resume if hold is not None and not self._told(hold) else None
+        waiting = [w for w in self.book.of(session) if parking or resume is not None or not w.live]
         ids = tuple(w.entry.request.call_id for w in waiting)
+        if resume is not None and hold is not None:
+            ids += tuple(d.call_id for d in resume.decisions)
+            hold.resume = None
+        if parking:
+            ids += tuple(d.call_id for d in self.parking[session])
+            self.parking[session] = []
+            self.cancelling[session] = (reason, detail)
+        if not ids:
+            return []
         for call_id in ids:
             self.book.take(session, call_id)
         timers: Effects = [CancelApprovalTimer(session, call_id) for call_id in ids]
         return [*timers, ToStore(DropApprovals(session, ids))]
 
-    def stored_only(self, session: str) -> bool:
-        """Whether ``session``'s turn is parked: its calls wait in the store, no actor runs it
-        (since the start, or passivated)."""
+    def stored_only(self, hold: Hold) -> bool:
+        """Whether ``hold``'s turn is parked: its calls wait in the store, no actor runs it
+        (since the start, or passivated), or its decisions are stored and no actor has been
+        told them yet (a decision was reopening it): the next start carries them out."""
+        session = hold.session
+        if hold.resume is not None and hold.resume.decisions and not self._told(hold):
+            return True
         waiting = self.book.of(session)
         if session in self.children and not waiting:  # it waits only for its children
             return session not in self.state.live
         return bool(waiting) and not any(w.live for w in waiting)
+
+    def _told(self, hold: Hold) -> bool:
+        """Whether the live actor that runs ``hold``'s turn has been told it."""
+        live = self.state.live.get(hold.session)
+        return live is not None and hold.incarnation != 0 and live.incarnation == hold.incarnation
+
+    def stored_at_stop(self) -> set[str]:
+        """At a stop, before the holds go: the sessions whose turns wait in the store (see
+        :meth:`stored_only`), to skip. A parent that waits only for its children stays so only
+        while each of them parks too: a child whose resumed turn runs again is cancelled by the
+        stop (nothing of it is left to resume), so its parent's turn ends at the stop as well."""
+        holds = self.state.holds
+        stored = {
+            s for s in holds.held() if (h := holds.get(s)) is not None and self.stored_only(h)
+        }
+        changed = True
+        while changed:
+            changed = False
+            for parent, calls in self.children.items():
+                if parent not in stored or self.book.of(parent):
+                    continue
+                kids = (f"{CHILD_PREFIX}{parent}-{n}" for n in calls)
+                if not all(k in stored or self.book.of(k) for k in kids):
+                    stored.discard(parent)
+                    changed = True
+        return stored
 
     def parks_at_stop(self) -> dict[str, tuple[int, ...]]:
         """At a stop: the sessions whose turns park (``Cancel(park=True)``), each with the
@@ -263,12 +320,16 @@ class ApprovalDesk:
             detail = NOT_WAITING.format(call_id=call_id, session=session)
             return self._reply(reply_to, ApprovalRefused(session, call_id, detail))
         settled = ApprovalSettled(session=session, call_id=call_id, approved=approved)
-        effects: Effects = [CancelApprovalTimer(session, call_id)]
-        effects += [ToStore(SettleApproval(session, call_id, approved, reason)), Emit(settled)]
-        effects += self._reply(reply_to, settled)
         # Only the reason a person gave goes to the model; a note stays with the decision.
         decision = ApprovalDecision(call_id, approved, "" if approved else reason)
-        if waiting.live and session in self.parking and session in self.state.live:
+        live = session in self.state.live
+        parking = waiting.live and session in self.parking and live
+        # A live turn carries an approval out now: the row says so in the same transaction.
+        ran = approved and waiting.live and live and not parking
+        effects: Effects = [CancelApprovalTimer(session, call_id)]
+        effects += [ToStore(SettleApproval(session, call_id, approved, reason, ran=ran))]
+        effects += [Emit(settled), *self._reply(reply_to, settled)]
+        if parking:
             self.parking[session].append(decision)  # carried out once it answers Parked
         elif waiting.live:
             effects += self._deliver(session, decision)
@@ -297,6 +358,19 @@ class ApprovalDesk:
             hold.resume = msgspec.structs.replace(hold.resume, decisions=decisions, waiting=waiting)
             return []
         return [ToSession(session, decision)]
+
+    def carrying_out(self, session: str, run: RunTurn) -> Effects:
+        """``session``'s actor is told ``run`` now: a resumed turn's approved decisions are
+        marked carried out first (see :meth:`_ran`)."""
+        return self._ran(session, run.resume.decisions) if run.resume is not None else []
+
+    @staticmethod
+    def _ran(session: str, decisions: Sequence[ApprovalDecision]) -> Effects:
+        """Mark the approved ``decisions`` carried out in the store, before the turn that runs
+        their work is told (the store takes its messages in order): a start after a crash
+        then answers those calls as interrupted instead of running them again."""
+        ids = tuple(d.call_id for d in decisions if d.approved)
+        return [ToStore(ApprovalsRun(session, ids))] if ids else []
 
     @staticmethod
     def _reply(to: str | None, message: ApprovalSettled | ApprovalRefused) -> Effects:
@@ -328,15 +402,22 @@ class ApprovalDesk:
         """A session's answer to ``Park``: parked, its actor goes and its calls wait in the
         store (a decision resumes it); not parked, the decisions that came meanwhile go on."""
         decisions = self.parking.pop(msg.session, [])
+        cancel = self.cancelling.pop(msg.session, None)
         state = self.state
         hold, live = state.holds.get(msg.session), state.live.get(msg.session)
         if not msg.parked or hold is None or live is None or live.incarnation != msg.incarnation:
-            return [ToSession(msg.session, d) for d in decisions]
+            # Not parked: the turn still ran and heard the Cancel itself.
+            return [
+                *self._ran(msg.session, decisions),
+                *(ToSession(msg.session, d) for d in decisions),
+            ]
         for waiting in self.book.of(msg.session):
             waiting.live = False
         del state.live[msg.session]
         hold.incarnation = 0  # its actor's SessionStopped then changes nothing
         effects: Effects = [StopSession(live.ref), *state.give_back(msg.session)]
+        if cancel is not None:  # cancelled while it parked: its requests are gone already
+            return effects + state.release(msg.session) + hold.failure(*cancel)
         if decisions:
             effects += self._resume(msg.session, decisions)
         return effects

@@ -151,10 +151,11 @@ class ContextState(BackgroundSpawns):
         stop working."""
         effects: Effects = self._stop_waiting() + self.desk.record_spent()
         parks = self.desk.parks_at_stop()  # a family whose call waits parks, children too
+        stored = self.desk.stored_at_stop()
         for hold in self.holds.drain():
             if hold.answered:
                 continue
-            if self.desk.stored_only(hold.session):
+            if hold.session in stored:
                 # Its calls wait in the store, and the next start resumes the turn; a waiter
                 # (a turn passivated while it waited) still hears of the stop.
                 if hold.reply_to is not None:
@@ -336,7 +337,9 @@ class ContextState(BackgroundSpawns):
             if not output_fits(hold.output, live.output):
                 return self._wrong_output(hold)
             hold.incarnation = live.incarnation
-            return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
+            run = hold.run_turn()
+            ran = self.desk.carrying_out(hold.session, run)
+            return ran + self._tell_live(hold, run, if_gone=IfGone.REOPEN)
         # Open first; only a session that is not stored needs a baseline (and so memory).
         return self._ask_store(hold, None)
 
@@ -439,6 +442,7 @@ class ContextState(BackgroundSpawns):
         effects: Effects = []
         if hold is not None:
             hold.incarnation = asked.incarnation
+            effects += self.desk.carrying_out(session, asked.run)
             effects += self._tell_live(hold, asked.run)
         for idle in self.idle.over_limit(len(self.live)):
             effects += self._passivate(idle, "sessions.max_live")
@@ -568,6 +572,10 @@ class ContextState(BackgroundSpawns):
         """:meth:`_give_back`, for the approval desk."""
         return self._give_back(session)
 
+    def release(self, session: str) -> Effects:
+        """:meth:`_release`, for the approval desk."""
+        return self._release(session)
+
     def _give_back(self, session: str) -> Effects:
         """``session``'s actor is gone: a store with per-session locks may now let another
         process run it. Told only to such a store: for SQLite it would be a wake-up of the
@@ -646,7 +654,7 @@ class ContextState(BackgroundSpawns):
             # A live session answers through SessionTurnEnded; one still opening (no actor
             # yet to tell) is let go and answered here.
             answer = () if hold.answered else tuple(hold.failure(reason, detail))
-            effects += self.desk.cancelled(held)
+            effects += self.desk.cancelled(held, reason, detail)
             effects += self._tell_live(
                 hold, Cancel(reason, detail), if_gone=IfGone.RELEASE, otherwise=answer
             )

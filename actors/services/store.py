@@ -35,6 +35,7 @@ from actors.stores.base import (
 )
 from actors.stores.sqlite import SessionStore
 from messages.approvals import (
+    ApprovalsRun,
     DropApprovals,
     ListApprovals,
     RecordSpent,
@@ -74,11 +75,12 @@ StoreRequest = (
     | LoadBackground
     | StoreApproval
     | SettleApproval
+    | ApprovalsRun
     | DropApprovals
     | RecordSpent
 )
-"""What the store actor writes and answers (``SettleApproval``, ``DropApprovals`` and
-``RecordSpent`` are not answered)."""
+"""What the store actor writes and answers (``SettleApproval``, ``ApprovalsRun``,
+``DropApprovals`` and ``RecordSpent`` are not answered)."""
 
 
 _REQUESTS = (
@@ -91,10 +93,11 @@ _REQUESTS = (
     LoadBackground,
     StoreApproval,
     SettleApproval,
+    ApprovalsRun,
     DropApprovals,
     RecordSpent,
 )
-_UNANSWERED = (SettleApproval, DropApprovals, RecordSpent)
+_UNANSWERED = (SettleApproval, ApprovalsRun, DropApprovals, RecordSpent)
 
 
 class _Inbox(SimpleInbox):
@@ -244,9 +247,18 @@ class StoreActor(pykka.ThreadingActor):
         if isinstance(msg, StoreApproval):
             return lambda cur: store.add_approval_in(cur, msg.approval)
         if isinstance(msg, SettleApproval):
-            return lambda cur: store.settle_approval_in(
-                cur, msg.session, msg.call_id, msg.approved, msg.reason
-            )
+
+            def settle(cur: Any) -> bool:
+                done = store.settle_approval_in(
+                    cur, msg.session, msg.call_id, msg.approved, msg.reason
+                )
+                if msg.ran:  # carried out at once: both in one transaction
+                    store.mark_ran_in(cur, msg.session, (msg.call_id,))
+                return done
+
+            return settle
+        if isinstance(msg, ApprovalsRun):
+            return lambda cur: store.mark_ran_in(cur, msg.session, msg.call_ids)
         if isinstance(msg, DropApprovals):
             return lambda cur: store.drop_approvals_in(cur, msg.session, msg.call_ids)
         if isinstance(msg, RecordSpent):

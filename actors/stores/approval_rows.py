@@ -6,7 +6,9 @@ so a stop or a crash loses no request: the next ``Runtime.start`` reads them all
 what the CLI does on a home no runtime holds) is applied once: the row is updated only while it
 is undecided, inside a writing transaction, so of two decisions at once exactly one succeeds; on
 PostgreSQL it is refused while another process runs the session (it holds its advisory lock).
-A row goes once its call's result is stored (:meth:`ApprovalRows.drop_approvals_in`).
+A decision the runtime carries out is marked ``ran`` first (:meth:`ApprovalRows.mark_ran_in`),
+so a start after a crash never runs its call again. A row goes once its call's result is
+stored (:meth:`ApprovalRows.drop_approvals_in`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,17 @@ class ApprovalRows:
             if row is not None:
                 entry = msgspec.structs.replace(_DECODER.decode(bytes(row[0])), spent=spent)
                 cur.execute(q.respend, (_ENCODER.encode(entry), session, call_id))
+
+    def mark_ran_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
+        """Mark ``session``'s decided rows for ``call_ids`` as carried out (``ran``): the
+        runtime begins their work, so a start after a crash answers them as interrupted
+        instead of running them again (an undecided or missing row is left alone)."""
+        q = self.dialect.q
+        for call_id in call_ids:
+            row = cur.execute(q.decided_body, (session, call_id)).fetchone()
+            if row is not None:
+                entry = msgspec.structs.replace(_DECODER.decode(bytes(row[0])), ran=True)
+                cur.execute(q.mark_ran, (_ENCODER.encode(entry), session, call_id))
 
     def drop_approvals_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
         """Forget ``session``'s rows for ``call_ids`` (answered, or cancelled)."""

@@ -146,6 +146,10 @@ class StoreBackend(Protocol):
         """Record a decision for a waiting call; False if it is not waiting."""
         ...
 
+    def mark_ran_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
+        """Mark decided rows of ``session`` as carried out (their work begins now)."""
+        ...
+
     def drop_approvals_in(self, cur: Any, session: str, call_ids: Sequence[int]) -> None:
         """Forget stored approvals of ``session`` (answered, or cancelled)."""
         ...

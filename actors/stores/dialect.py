@@ -215,5 +215,11 @@ class _Statements:
         self.respend = q(
             "UPDATE {t}approvals SET body = ? WHERE session = ? AND call_id = ? AND NOT decided"
         )
+        # A decided row the runtime carries out now: its work must never run again.
+        self.decided_body = q(
+            "SELECT body FROM {t}approvals WHERE session = ? AND call_id = ? AND decided"
+            + d.for_update
+        )
+        self.mark_ran = q("UPDATE {t}approvals SET body = ? WHERE session = ? AND call_id = ?")
         self.drop_approval = q("DELETE FROM {t}approvals WHERE session = ? AND call_id = ?")
         self.approvals = q("SELECT body FROM {t}approvals ORDER BY at, session, call_id")

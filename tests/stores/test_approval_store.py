@@ -99,6 +99,21 @@ def test_what_a_family_spent_is_kept_with_its_waiting_rows_only(opener: Any) -> 
         assert (decided.spent, decided.approved) == (0, True)  # a decided row keeps its own
 
 
+def test_only_a_decided_row_is_marked_carried_out(opener: Any) -> None:
+    with opener() as store:
+        for call_id in (1, 2):
+            store.run_batch(
+                [("s", lambda cur, c=call_id: store.add_approval_in(cur, entry("s", c)))]
+            )
+        assert store.settle_approval("s", 2, True)
+        store.run_batch([("s", lambda cur: store.mark_ran_in(cur, "s", [1, 2, 3]))])
+    with opener() as store:
+        waiting, decided = store.approvals()
+        assert (waiting.approved, waiting.ran) == (None, False)  # still asks a person
+        assert (decided.approved, decided.ran) == (True, True)
+        assert not store.settle_approval("s", 2, False)  # carried out: no second decision
+
+
 def test_a_decision_from_outside_is_refused_while_another_process_runs_the_session(
     opener: Any,
 ) -> None:
