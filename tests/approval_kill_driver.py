@@ -1,6 +1,6 @@
-"""The process tests/test_review20.py kills: a call approved, whose deploy is still running.
+"""The process tests/test_approval_edges.py kills: a call approved, whose deploy is still running.
 
-    python tests/review20_driver.py HOME
+    python tests/approval_kill_driver.py HOME
 
 Session ``s`` calls ``deploy`` (needs a yes); the driver approves it, and once the deploy has
 begun (and is stuck), prints one line and waits to be killed. A helper script, not a test.
@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from actors import Config, Runtime, port_tool
+from actors.stores.open import open_store
 from actors.testing import ScriptedModel, calls, reply
 from messages import ApprovalRequested, ModelRequest
 
@@ -28,7 +29,7 @@ def deploy(env: str) -> str:
         env: Where to.
     """
     began.set()
-    time.sleep(120)  # a long deploy: the SIGKILL comes meanwhile
+    threading.Event().wait(120)  # a deploy stuck until the SIGKILL
     return f"deployed to {env}"
 
 
@@ -38,20 +39,35 @@ def script(request: ModelRequest) -> Any:
     return reply("\n".join(m.content or "" for m in request.messages if m.role == "tool"))
 
 
+def stored(rt: Runtime) -> list[Any]:
+    """The home's stored approvals, read through a connection of this process's own."""
+    store = open_store(rt.config)
+    try:
+        return store.approvals()
+    finally:
+        store.close()
+
+
 def main() -> None:
     rt = Runtime.start(Config(home=sys.argv[1]), model=ScriptedModel(script), tools=[deploy])
     asked = threading.Event()
     rt.subscribe(lambda e: asked.set() if isinstance(e, ApprovalRequested) else None)
     rt.send_turn("s", "ship it")
     if not asked.wait(30):
-        sys.exit("review20_driver: no request")
+        sys.exit("approval_kill_driver: no request")
     rt.approve("s", 1)
     if not began.wait(30):
-        sys.exit("review20_driver: the deploy never began")
-    time.sleep(0.5)
+        sys.exit("approval_kill_driver: the deploy never began")
+    # The store marks the approval carried out in the transaction that records it, which may
+    # commit just after the deploy began: wait (with a deadline) until a reader sees it.
+    deadline = time.monotonic() + 30
+    while not any(a.ran for a in stored(rt)):
+        if time.monotonic() > deadline:
+            sys.exit("approval_kill_driver: the approval was never marked carried out")
+        threading.Event().wait(0.005)
     print("deploying", flush=True)
     threading.Event().wait(60)
-    sys.exit("review20_driver: not killed in time")
+    sys.exit("approval_kill_driver: not killed in time")
 
 
 if __name__ == "__main__":
