@@ -13,8 +13,9 @@ import threading
 import time
 from typing import Any
 
+from approval_kit import stored_approvals
+
 from actors import Config, Runtime, port_tool
-from actors.stores.open import open_store
 from actors.testing import ScriptedModel, calls, reply
 from messages import ApprovalRequested, ModelRequest
 
@@ -39,15 +40,6 @@ def script(request: ModelRequest) -> Any:
     return reply("\n".join(m.content or "" for m in request.messages if m.role == "tool"))
 
 
-def stored(rt: Runtime) -> list[Any]:
-    """The home's stored approvals, read through a connection of this process's own."""
-    store = open_store(rt.config)
-    try:
-        return store.approvals()
-    finally:
-        store.close()
-
-
 def main() -> None:
     rt = Runtime.start(Config(home=sys.argv[1]), model=ScriptedModel(script), tools=[deploy])
     asked = threading.Event()
@@ -61,7 +53,7 @@ def main() -> None:
     # The store marks the approval carried out in the transaction that records it, which may
     # commit just after the deploy began: wait (with a deadline) until a reader sees it.
     deadline = time.monotonic() + 30
-    while not any(a.ran for a in stored(rt)):
+    while not any(a.ran for a in stored_approvals(rt)):
         if time.monotonic() > deadline:
             sys.exit("approval_kill_driver: the approval was never marked carried out")
         threading.Event().wait(0.005)
