@@ -345,11 +345,10 @@ class ContextState(BackgroundSpawns):
                 return self._wrong_output(hold)
             hold.incarnation = live.incarnation
             return self._tell_live(hold, hold.run_turn(), if_gone=IfGone.REOPEN)
+        # Open first; only a session that is not stored needs a baseline (and so memory),
+        # unless it is known without a read: then the store opens or creates in one request.
         if hold.is_child:  # resumed on its stored record: never created here
             return self._ask_store(hold, None)
-        # A baseline known without reading memory (or a file) lets the store open the session
-        # or create it with its first message in one request; else open first, and only a
-        # session that is not stored needs a baseline (and so memory).
         return [self._build_baseline(hold, known_only=True)]
 
     def reopen(self, hold: Hold) -> Effects:
