@@ -87,6 +87,10 @@ class BuildBaseline:
     agent: str
     output: ToolSpec | None = None
     """The ``final_answer`` tool the baseline lists last (a typed session); None: untyped."""
+    known_only: bool = False
+    """Build it only if that reads nothing (no memory file, or one unchanged since it was
+    last read; a profile without ``system_file``), for a session that may be stored already:
+    else the answer is ``baseline_unknown(effect)``, and the session is opened without one."""
 
 
 @dataclass(frozen=True)

@@ -305,9 +305,17 @@ class ContextState(BackgroundSpawns):
         hold = self.holds.get(asked.session)
         if hold is None:
             return []
-        if hold.is_child:
+        if hold.is_child and not asked.known_only:
             return self._create_child(hold, baseline)
         return self._ask_store(hold, baseline)
+
+    def baseline_unknown(self, asked: BuildBaseline) -> Effects:
+        """The answer to a ``known_only`` :class:`BuildBaseline` whose baseline would need a
+        read: open the session without one (the store says whether it is new)."""
+        hold = self.holds.get(asked.session)
+        if hold is None:
+            return []
+        return self._ask_store(hold, None)
 
     def baseline_failed(
         self, asked: BuildBaseline, detail: str, reason: FailReason = FailReason.SPAWN_ERROR
@@ -340,8 +348,11 @@ class ContextState(BackgroundSpawns):
             run = hold.run_turn()
             ran = self.desk.carrying_out(hold.session, run)
             return ran + self._tell_live(hold, run, if_gone=IfGone.REOPEN)
-        # Open first; only a session that is not stored needs a baseline (and so memory).
-        return self._ask_store(hold, None)
+        # Open first; only a session that is not stored needs a baseline (and so memory),
+        # unless it is known without a read: then the store opens or creates in one request.
+        if hold.is_child:  # resumed on its stored record: never created here
+            return self._ask_store(hold, None)
+        return [self._build_baseline(hold, known_only=True)]
 
     def reopen(self, hold: Hold) -> Effects:
         """Run ``hold``'s turn on its stored session (a turn resumed by a decision)."""
@@ -378,12 +389,12 @@ class ContextState(BackgroundSpawns):
             return effects + hold.failure(store_failure_reason(msg), msg.detail)
         return [self._build_baseline(hold)]
 
-    def _build_baseline(self, hold: Hold) -> BuildBaseline:
+    def _build_baseline(self, hold: Hold, *, known_only: bool = False) -> BuildBaseline:
         """The question for a new session's baseline: its profile's, with the ``final_answer``
         tool of the turn's output schema, or else of the profile's."""
         agent = hold.agent or DEFAULT_AGENT
         output = hold.output or self.agents.get(agent).output
-        return BuildBaseline(hold.session, agent, output)
+        return BuildBaseline(hold.session, agent, output, known_only)
 
     def _agent_fits(self, hold: Hold, stored: str) -> bool:
         """Whether ``hold`` may run a session stored with profile ``stored``."""

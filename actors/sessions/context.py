@@ -315,6 +315,16 @@ class ContextActor(DispatchedActor):
         return self.state.started(asked, ref)
 
     def _build_baseline(self, asked: BuildBaseline) -> list[ContextEffect]:
+        if asked.known_only:
+            try:
+                known = self._known_baseline(asked.agent)
+                known = None if known is None else with_output(known, asked.output)
+            except Exception:  # a stored session must not fail on it: the store decides
+                log.debug("a known baseline for %s failed", asked.session, exc_info=True)
+                known = None
+            if known is None:
+                return self.state.baseline_unknown(asked)
+            return self.state.baseline_built(asked, known)
         try:
             baseline = with_output(self._baseline(asked.session, asked.agent), asked.output)
         except Exception as exc:
@@ -324,13 +334,26 @@ class ContextActor(DispatchedActor):
             return self.state.baseline_failed(asked, f"{type(exc).__name__}: {exc}", reason)
         return self.state.baseline_built(asked, baseline)
 
-    def _baseline(self, session: str, agent: str) -> Baseline:
-        """A new session's baseline for profile ``agent`` (reads memory, maybe a file).
+    def _known_baseline(self, agent: str) -> Baseline | None:
+        """Profile ``agent``'s baseline if building it reads nothing, else None: the memory
+        source knows its block without a read (``FileMemory.known_block``: no file, or the
+        file unchanged since it was read) and the profile has no ``system_file``."""
+        known = getattr(self.memory, "known_block", None)
+        profile = self.agents.get(agent).profile
+        if known is None or (profile.system is None and profile.system_file is not None):
+            return None
+        block = known()
+        return None if block is None else self._cached_baseline(agent, block)
 
-        Built once per profile, system prompt and memory block: every child of a quiet
-        runtime gets the same object (which also spares the store encoding it again)."""
+    def _baseline(self, session: str, agent: str) -> Baseline:
+        """A new session's baseline for profile ``agent`` (reads memory, maybe a file)."""
         block = self.memory.block()
         self._memory_warnings(session)
+        return self._cached_baseline(agent, block)
+
+    def _cached_baseline(self, agent: str, block: str) -> Baseline:
+        """Built once per profile, system prompt and memory block: every child of a quiet
+        runtime gets the same object (which also spares the store encoding it again)."""
         system = self.agents.system_prompt(agent)
         key = (agent, system, block, self.registry.generation)  # MCP tools change it
         baseline = self._baselines.get(key)

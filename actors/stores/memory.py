@@ -37,7 +37,11 @@ class MemoryFailure(Exception):
 
 @runtime_checkable
 class MemorySource(Protocol):
-    """Where the memory block of new baselines comes from, and who hears about finished turns."""
+    """Where the memory block of new baselines comes from, and who hears about finished turns.
+
+    A source may also have ``known_block() -> str | None``: the block when giving it reads
+    nothing, else None (see :meth:`FileMemory.known_block`). Without it, a turn's session
+    that may be stored is always opened first, and memory read only if it is new."""
 
     def block(self) -> str:
         """The text that goes into every new baseline. May raise (the spawn then fails)."""
@@ -151,6 +155,26 @@ class FileMemory:
             # Cache under the identity seen before the read: a change during it shows next time.
             self._cached = (identity, text)
             return text
+
+    def known_block(self) -> str | None:
+        """What :meth:`block` would return if that needs no read of the file, else None.
+
+        ``""`` when there is no file; the text last read when the file is unchanged since (its
+        inode, size and modification time: one ``stat``); None when it is new, changed, or
+        cannot be looked at. The Context uses it to send a turn's session, which may be stored
+        already, its baseline with the first request, without reading memory for a stored
+        session.
+        """
+        with self._lock:
+            try:
+                identity = file_identity(self.path)
+            except OSError:
+                return None
+            if identity is None:
+                return ""
+            if self._cached is not None and self._cached[0] == identity:
+                return self._cached[1]
+            return None
 
     def _read(self) -> str:
         limit = self.max_chars * _UTF8_MAX + len(_BOM)

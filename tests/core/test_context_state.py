@@ -73,10 +73,15 @@ class Shell:
             config = config.replace(loop=msgspec.structs.replace(config.loop, **loop))
         self.state = ContextState(config, Agents(config, Registry()), lambda: NOW)
         self.dead: set[str] = set()
+        self.known = False  # whether a baseline is known without a read (no memory file...)
 
     def run(self, effects: list[ContextEffect]) -> list[ContextEffect]:
         done: list[ContextEffect] = []
         for effect in effects:
+            if isinstance(effect, BuildBaseline) and effect.known_only and not self.known:
+                # As a shell whose memory must be read: the open goes on without a baseline.
+                done += self.run(self.state.baseline_unknown(effect))
+                continue
             done.append(effect)
             if isinstance(effect, BuildBaseline):
                 done += self.run(self.state.baseline_built(effect, BASELINE))
@@ -323,3 +328,24 @@ def test_a_spawn_past_the_runtimes_child_limit_is_a_denial_marked_denied(tmp_pat
     result = denial.message.result
     assert result.denied and result.text.startswith("Denied: ")
     assert shell.state.status().held == ("sub-p-1",)
+
+
+def test_a_baseline_known_without_a_read_goes_with_the_turns_one_store_request(
+    tmp_path,
+) -> None:
+    shell = Shell(tmp_path)
+    shell.known = True  # no memory file, say
+    asked, opening = shell.run(shell.state.start_turn(StartTurn("s", "hi", reply_to="w")))
+    assert isinstance(asked, BuildBaseline) and asked.known_only
+    request = opening.message
+    assert isinstance(request, OpenSession) and request.baseline == BASELINE
+    assert request.first == ChatMessage(role="user", content="hi")
+    # The store created it with the message: the turn asks the model at once.
+    record = SessionRecord("s", BASELINE, 0, (request.first,), 1, 1, False)
+    created = shell.run(shell.state.loaded(SessionLoaded(record, True, request.request_id)))
+    assert of(TellSession, created)[0].message == RunTurn("hi", stored=True)
+    # It was stored: opened as it is, the turn stores its user message itself.
+    _, opening = shell.run(shell.state.start_turn(StartTurn("t", "hi", reply_to="w")))
+    record = SessionRecord("t", BASELINE, 0, (), 3, 1, False)
+    opened = shell.run(shell.state.loaded(SessionLoaded(record, False, opening.message.request_id)))
+    assert of(TellSession, opened)[0].message == RunTurn("hi")

@@ -88,6 +88,19 @@ def test_the_block_is_read_again_only_when_the_file_changes(tmp_path: Path) -> N
     assert mem.block() == ""
 
 
+def test_known_block_answers_only_what_needs_no_read(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    memory = FileMemory(path)
+    assert memory.known_block() == ""  # no file: an empty block
+    path.write_text("fact one\n")
+    assert memory.known_block() is None  # never read: it would take a read
+    assert memory.block() == "fact one\n"
+    assert memory.known_block() == "fact one\n"
+    path.write_text("fact one, changed\n")
+    assert memory.known_block() is None
+    assert memory.reads == 1  # known_block itself never reads the file
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
 def test_a_path_that_is_not_a_regular_file_fails_at_once(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "MEMORY.md"
