@@ -101,10 +101,12 @@ async def _direct_block(rt: AsyncRuntime, prefix: str, count: int) -> dict[str, 
         assert isinstance(outcome, TurnCompleted)
         latencies.append(time.perf_counter() - start)
 
-    cpu, gc_s, start = _cpu(), _gc_seconds, time.perf_counter()
+    cpu, gc_s, loop, start = _cpu(), _gc_seconds, time.thread_time(), time.perf_counter()
     await asyncio.gather(*(one(f"{prefix}{i}") for i in range(count)))
     took = time.perf_counter() - start
-    return _block(count, took, latencies, _cpu() - cpu, _gc_seconds - gc_s)
+    block = _block(count, took, latencies, _cpu() - cpu, _gc_seconds - gc_s)
+    block["loop"] = (time.thread_time() - loop) / count  # the callers' loop thread
+    return block
 
 
 def direct_here() -> None:
@@ -129,8 +131,9 @@ def direct_here() -> None:
 
 def serve_here() -> None:
     """The API side's child: a runtime on the scripted model, served on a free port; prints its
-    URL, then answers each line on stdin with its CPU and garbage-collector seconds so far,
-    until stdin closes."""
+    URL, then answers each line on stdin with its CPU and garbage-collector seconds so far and
+    the CPU seconds of the service's loop thread (the HTTP server and the app), until stdin
+    closes."""
     _track_gc()
     with (
         tempfile.TemporaryDirectory() as home,
@@ -138,8 +141,9 @@ def serve_here() -> None:
         Service.start(rt, ServiceSettings("127.0.0.1", 0)) as service,
     ):
         print(service.url, flush=True)
+        loop_clock = time.pthread_getcpuclockid(service._thread.ident or 0)
         while sys.stdin.readline():
-            print(_cpu(), _gc_seconds, flush=True)
+            print(_cpu(), _gc_seconds, time.clock_gettime(loop_clock), flush=True)
 
 
 @contextlib.contextmanager
@@ -227,13 +231,15 @@ async def http_block(
         assert b'"type":"TurnCompleted"' in answer
         latencies.append(time.perf_counter() - start)
 
-    served_cpu, served_gc = map(float, _ask(service, "cpu").split())
+    served_cpu, served_gc, served_loop = map(float, _ask(service, "cpu").split())
     client_cpu, start = _cpu(), time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(count)))
     took = time.perf_counter() - start
     client = (_cpu() - client_cpu) / count
-    cpu, gc_s = map(float, _ask(service, "cpu").split())
-    return _block(count, took, latencies, cpu - served_cpu, gc_s - served_gc), client
+    cpu, gc_s, loop = map(float, _ask(service, "cpu").split())
+    block = _block(count, took, latencies, cpu - served_cpu, gc_s - served_gc)
+    block["loop"] = (loop - served_loop) / count
+    return block, client
 
 
 def _client_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -253,7 +259,12 @@ def _side(name: str, blocks: list[dict[str, float]]) -> str:
         f"{max(rates):.0f}); latency p50 {statistics.median(b['p50'] for b in blocks) * 1e3:.0f}"
         f" ms, p99 {statistics.median(b['p99'] for b in blocks) * 1e3:.0f} ms; CPU "
         f"{statistics.median(b['cpu'] for b in blocks) * 1e3:.2f} ms a turn (in the garbage "
-        f"collector {statistics.median(b['gc'] for b in blocks) * 1e3:.2f} ms)"
+        f"collector {statistics.median(b['gc'] for b in blocks) * 1e3:.2f} ms"
+        + (
+            f", the loop's thread {statistics.median(b['loop'] for b in blocks) * 1e3:.2f} ms)"
+            if "loop" in blocks[0]
+            else ")"
+        )
     )
 
 
