@@ -8,10 +8,14 @@ minimal HTTP/1.1 client opening one connection per turn. So the client never com
 service for its GIL, though it does for the machine's cores (its CPU per turn is printed too).
 The two sides run alternated in blocks of ``--turns`` concurrent turns (new sessions each), so a
 machine that gets busier or quieter meets each alike; the ratio is the median of the ratios of
-blocks run side by side.
+blocks run side by side. With ``--keep-alive`` each round has a direct block beside each HTTP
+block (new connections, then kept ones), so the two processes have run as many turns, and hold
+as many sessions, whenever a pair is compared: a runtime holding more sessions collects garbage
+longer and, past ``[sessions] max_live``, passivates. Each side's time in the garbage collector
+is printed with its CPU.
 
-Run: python bench/bench_service.py [--turns N] [--repeats R] [--clients K]. Prints one line
-per measurement; nothing is asserted.
+Run: python bench/bench_service.py [--turns N] [--repeats R] [--clients K] [--keep-alive]
+[--against CHECKOUT]. Prints one line per measurement; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -49,17 +55,39 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+_gc_seconds = 0.0
+_gc_started = 0.0
+
+
+def _count_gc(phase: str, info: dict[str, int]) -> None:
+    global _gc_seconds, _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    else:
+        _gc_seconds += time.perf_counter() - _gc_started
+
+
+def _track_gc() -> None:
+    """Count the wall seconds this process spends in the cyclic garbage collector (each side's
+    child reports it per block: a heap that holds more sessions collects longer)."""
+    gc.callbacks.append(_count_gc)
+
+
 def _p99(latencies: list[float]) -> float:
     return sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)]
 
 
-def _block(count: int, took: float, latencies: list[float], cpu: float) -> dict[str, float]:
-    """One block's figures: turns/s, p50 and p99 in seconds, CPU seconds per turn."""
+def _block(
+    count: int, took: float, latencies: list[float], cpu: float, gc_s: float
+) -> dict[str, float]:
+    """One block's figures: turns/s, p50 and p99 in seconds, CPU and garbage-collector
+    seconds per turn."""
     return {
         "rate": count / took,
         "p50": statistics.median(latencies),
         "p99": _p99(latencies),
         "cpu": cpu / count,
+        "gc": gc_s / count,
     }
 
 
@@ -73,15 +101,20 @@ async def _direct_block(rt: AsyncRuntime, prefix: str, count: int) -> dict[str, 
         assert isinstance(outcome, TurnCompleted)
         latencies.append(time.perf_counter() - start)
 
-    cpu, start = _cpu(), time.perf_counter()
+    cpu, gc_s, loop, start = _cpu(), _gc_seconds, time.thread_time(), time.perf_counter()
     await asyncio.gather(*(one(f"{prefix}{i}") for i in range(count)))
-    return _block(count, time.perf_counter() - start, latencies, _cpu() - cpu)
+    took = time.perf_counter() - start
+    block = _block(count, took, latencies, _cpu() - cpu, _gc_seconds - gc_s)
+    block["loop"] = (time.thread_time() - loop) / count  # the callers' loop thread
+    return block
 
 
 def direct_here() -> None:
     """The direct side's child: a runtime on the scripted model and its callers on one loop
     (asyncio's own, as an application's); each line ``PREFIX COUNT`` on stdin runs COUNT
     concurrent turns and prints the block's figures as JSON, until stdin closes."""
+
+    _track_gc()
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as home:
@@ -98,26 +131,33 @@ def direct_here() -> None:
 
 def serve_here() -> None:
     """The API side's child: a runtime on the scripted model, served on a free port; prints its
-    URL, then answers each line on stdin with its CPU seconds so far, until stdin closes."""
+    URL, then answers each line on stdin with its CPU and garbage-collector seconds so far and
+    the CPU seconds of the service's loop thread (the HTTP server and the app), until stdin
+    closes."""
+    _track_gc()
     with (
         tempfile.TemporaryDirectory() as home,
         Runtime.start(Config(home=home), model=_model()) as rt,
         Service.start(rt, ServiceSettings("127.0.0.1", 0)) as service,
     ):
         print(service.url, flush=True)
+        loop_clock = time.pthread_getcpuclockid(service._thread.ident or 0)
         while sys.stdin.readline():
-            print(_cpu(), flush=True)
+            print(_cpu(), _gc_seconds, time.clock_gettime(loop_clock), flush=True)
 
 
 @contextlib.contextmanager
-def child(flag: str) -> Iterator[subprocess.Popen[str]]:
+def child(flag: str, code: str | None = None) -> Iterator[subprocess.Popen[str]]:
     """A child process of this bench (``--serve`` or ``--direct``), talked to over its stdin
-    and stdout; it ends when its stdin closes."""
+    and stdout, on the code of checkout ``code`` (default: the one on the path now); it ends
+    when its stdin closes."""
+    env = None if code is None else {**os.environ, "PYTHONPATH": os.path.abspath(code)}
     process = subprocess.Popen(
         [sys.executable, __file__, flag],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     try:
         yield process
@@ -191,11 +231,15 @@ async def http_block(
         assert b'"type":"TurnCompleted"' in answer
         latencies.append(time.perf_counter() - start)
 
-    served_cpu, client_cpu, start = float(_ask(service, "cpu")), _cpu(), time.perf_counter()
+    served_cpu, served_gc, served_loop = map(float, _ask(service, "cpu").split())
+    client_cpu, start = _cpu(), time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(count)))
     took = time.perf_counter() - start
     client = (_cpu() - client_cpu) / count
-    return _block(count, took, latencies, float(_ask(service, "cpu")) - served_cpu), client
+    cpu, gc_s, loop = map(float, _ask(service, "cpu").split())
+    block = _block(count, took, latencies, cpu - served_cpu, gc_s - served_gc)
+    block["loop"] = (loop - served_loop) / count
+    return block, client
 
 
 def _client_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -214,54 +258,104 @@ def _side(name: str, blocks: list[dict[str, float]]) -> str:
         f"{name}: {statistics.median(rates):.0f} turns/s (blocks {min(rates):.0f}-"
         f"{max(rates):.0f}); latency p50 {statistics.median(b['p50'] for b in blocks) * 1e3:.0f}"
         f" ms, p99 {statistics.median(b['p99'] for b in blocks) * 1e3:.0f} ms; CPU "
-        f"{statistics.median(b['cpu'] for b in blocks) * 1e3:.2f} ms a turn"
+        f"{statistics.median(b['cpu'] for b in blocks) * 1e3:.2f} ms a turn (in the garbage "
+        f"collector {statistics.median(b['gc'] for b in blocks) * 1e3:.2f} ms"
+        + (
+            f", the loop's thread {statistics.median(b['loop'] for b in blocks) * 1e3:.2f} ms)"
+            if "loop" in blocks[0]
+            else ")"
+        )
     )
 
 
-def turns(count: int, repeats: int, keep_alive: bool) -> None:
+class _Served:
+    """One service child of the bench: its process, address, kept connections and blocks."""
+
+    def __init__(self, name: str, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self.name = name
+        self.process = process
+        host, port = process.stdout.readline().strip().removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.opened: list[Connection] = []
+        self.new: list[dict[str, float]] = []
+        self.kept: list[dict[str, float]] = []
+        self.clients: list[float] = []
+
+
+def turns(count: int, repeats: int, keep_alive: bool, against: str | None) -> None:
     """``repeats`` rounds of blocks of ``count`` concurrent turns: direct, then through the API
-    on new connections, then (with ``keep_alive``) on ``count`` connections opened once and
-    kept, as a client's pool keeps them; a first round warms every side up."""
-    with (
-        child("--direct") as direct,
-        child("--serve") as service,
-        asyncio.Runner(loop_factory=_client_loop()) as client_loop,
-    ):
-        assert direct.stdout is not None and service.stdout is not None
+    on new connections, then (with ``keep_alive``) direct again and through the API on
+    ``count`` connections opened once and kept, as a client's pool keeps them; a first round
+    warms every side up. With ``against`` (another checkout), a second service on that
+    checkout's code runs each HTTP block too, right after this one's, for a before and after
+    in the same run."""
+    with contextlib.ExitStack() as stack:
+        direct = stack.enter_context(child("--direct"))
+        services = [_Served("this checkout", stack.enter_context(child("--serve")))]
+        if against is not None:
+            services.append(_Served(against, stack.enter_context(child("--serve", against))))
+        client_loop = stack.enter_context(asyncio.Runner(loop_factory=_client_loop()))
+        assert direct.stdout is not None
         assert direct.stdout.readline().strip() == "ready"
-        host, port = service.stdout.readline().strip().removeprefix("http://").rsplit(":", 1)
-        opened = client_loop.run(_connections(host, int(port), count if keep_alive else 0))
-        blocks: dict[str, list[dict[str, float]]] = {"direct": [], "new": [], "kept": []}
-        clients: list[float] = []
-        for repeat in range(repeats + 1):
-            block = json.loads(_ask(direct, f"d{repeat}- {count}"))
-            new, client = client_loop.run(
-                http_block(host, int(port), service, f"h{repeat}-", count)
+        for served in services:
+            served.opened = client_loop.run(
+                _connections(served.host, served.port, count if keep_alive else 0)
             )
-            kept = None
-            if keep_alive:
-                kept, _ = client_loop.run(
-                    http_block(host, int(port), service, f"k{repeat}-", count, opened)
+        directs: list[dict[str, float]] = []
+        besides: list[dict[str, float]] = []
+        for repeat in range(repeats + 1):
+            warm = repeat == 0  # the first round warms every side up
+            # With two services, which goes first alternates round by round.
+            order = list(enumerate(services))[:: 1 if repeat % 2 else -1]
+            block = json.loads(_ask(direct, f"d{repeat}- {count}"))
+            if not warm:
+                directs.append(block)
+            for n, served in order:
+                new, client = client_loop.run(
+                    http_block(served.host, served.port, served.process, f"h{n}-{repeat}-", count)
                 )
-            if repeat:  # the first round warms every side up
-                blocks["direct"].append(block)
-                blocks["new"].append(new)
-                clients.append(client)
-                if kept is not None:
-                    blocks["kept"].append(kept)
-        for _, writer in opened:
-            writer.close()
-    print(_side(f"direct (AsyncRuntime), {count} concurrent turns", blocks["direct"]), flush=True)
-    print(
-        _side(f"through the API, {count} concurrent turns", blocks["new"])
-        + f" (the service's process; the HTTP client's: "
-        f"{statistics.median(clients) * 1e3:.2f} ms)",
-        flush=True,
-    )
-    print(_ratio("the API against direct", blocks["direct"], blocks["new"]), flush=True)
+                if not warm:
+                    served.new.append(new)
+                    served.clients.append(client)
+            if not keep_alive:
+                continue
+            # A direct block for the kept ones too, so that each side has run as many turns
+            # (and holds as many sessions) when a pair of blocks is compared.
+            block = json.loads(_ask(direct, f"e{repeat}- {count}"))
+            if not warm:
+                besides.append(block)
+            for n, served in order:
+                kept, _ = client_loop.run(
+                    http_block(
+                        served.host,
+                        served.port,
+                        served.process,
+                        f"k{n}-{repeat}-",
+                        count,
+                        served.opened,
+                    )
+                )
+                if not warm:
+                    served.kept.append(kept)
+        for served in services:
+            for _, writer in served.opened:
+                writer.close()
+    print(_side(f"direct (AsyncRuntime), {count} concurrent turns", directs), flush=True)
     if keep_alive:
-        print(_side("through the API on kept connections", blocks["kept"]), flush=True)
-        print(_ratio("kept connections against direct", blocks["direct"], blocks["kept"]))
+        print(_side("direct, the blocks beside the kept ones", besides), flush=True)
+    for served in services:
+        print(f"-- the service of {served.name}:", flush=True)
+        print(
+            _side(f"through the API, {count} concurrent turns", served.new)
+            + f" (the service's process; the HTTP client's: "
+            f"{statistics.median(served.clients) * 1e3:.2f} ms)",
+            flush=True,
+        )
+        print(_ratio("the API against direct", directs, served.new), flush=True)
+        if keep_alive:
+            print(_side("through the API on kept connections", served.kept), flush=True)
+            print(_ratio("kept connections against direct", besides, served.kept), flush=True)
 
 
 async def _connections(host: str, port: int, count: int) -> list[Connection]:
@@ -329,6 +423,11 @@ def main() -> None:
     parser.add_argument(
         "--keep-alive", action="store_true", help="also turns on connections kept open"
     )
+    parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="also serve from another checkout's code (say, of main), block for block",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -340,7 +439,7 @@ def main() -> None:
     if args.direct:
         direct_here()
         return
-    turns(args.turns, args.repeats, args.keep_alive)
+    turns(args.turns, args.repeats, args.keep_alive, args.against)
     if args.clients:
         asyncio.run(event_clients(args.clients, 100))
 

@@ -222,6 +222,11 @@ def test_a_body_over_the_cap_is_413_with_a_length_or_chunked(serve) -> None:
         ("OPTIONS", "/v1/sessions", 405),
         ("PUT", "/healthz", 405),
         ("GET", "/v2/sessions", 404),
+        # Near the turn route, which is matched ahead of the router: as the router matches it.
+        ("POST", "/v1/sessions/a/b/turns", 404),
+        ("POST", "/v1/sessions/turns", 405),
+        ("POST", "/v1/sessions/x/turns/more", 404),
+        ("POST", "/v1/sessions/x/turnsx", 404),
     ],
 )
 def test_a_wrong_method_or_path_is_a_json_error(serve, method: str, path: str, status: int) -> None:
