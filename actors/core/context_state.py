@@ -653,13 +653,15 @@ class ContextState(BackgroundSpawns):
         self, session: str, reason: FailReason, detail: str
     ) -> tuple[tuple[str, ...], Effects]:
         """Cancel the held turns of ``session`` and its descendants; returns their ids, and
-        the effects."""
-        family = self.holds.family(session)
+        the effects. A turn told to cancel before, still winding down, is left out."""
+        family: list[str] = []
         effects: Effects = []
-        for held in family:
+        for held in self.holds.family(session):
             hold = self.holds.get(held)
-            if hold is None:
+            if hold is None or hold.cancelled:
                 continue
+            hold.cancelled = True
+            family.append(held)
             if hold.background and held != session:
                 hold.silent = True  # cancelled with an ancestor: it reports nothing
             # A live session answers through SessionTurnEnded; one still opening (no actor
@@ -669,7 +671,7 @@ class ContextState(BackgroundSpawns):
             effects += self._tell_live(
                 hold, Cancel(reason, detail), if_gone=IfGone.RELEASE, otherwise=answer
             )
-        return family, effects
+        return tuple(family), effects
 
     def timed_out(self, msg: ChildTimedOut) -> Effects:
         """A child outlived ``loop.child_timeout_s``: its parent hears ``timeout`` now, and

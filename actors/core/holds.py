@@ -74,6 +74,9 @@ class Hold:
     """A background child that was answered ``started``: its outcome is a :class:`Report`."""
     silent: bool = False
     """A background child cancelled with its parent or an ancestor: it reports nothing."""
+    cancelled: bool = False
+    """Told to cancel already: it is winding down, and a second cancel neither tells it again
+    nor counts it among what it cancelled."""
     reports: tuple[BackgroundRow, ...] = ()
     """A turn the Context runs for background reports: the reports it delivers."""
     resume: Resume | None = None

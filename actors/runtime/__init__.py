@@ -503,7 +503,8 @@ class Runtime:
 
         Each cancelled turn answers ``TurnFailed(reason=CANCELLED)`` to whoever waits on it (a
         child's parent sees ``<child> failed``). Returns the ids that were cancelled; an empty
-        tuple if ``session`` had no turn running. A model answer that arrives later is dropped.
+        tuple if ``session`` had no turn running (a turn cancelled before and still winding
+        down is not cancelled again). A model answer that arrives later is dropped.
         """
         self._check_cancel(session, timeout)
         cancelled = self.context.ask(CancelTurn(session), timeout=timeout)

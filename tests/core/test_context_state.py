@@ -233,6 +233,20 @@ def test_a_cancel_reaches_every_held_descendant_and_no_one_else(tmp_path) -> Non
     assert replies(effects) == []  # each live session answers through its SessionTurnEnded
 
 
+def test_a_second_cancel_leaves_a_family_that_is_winding_down_alone(tmp_path) -> None:
+    shell = Shell(tmp_path)
+    shell.open_and_run("p", "w")
+    shell.spawn("p", 1)
+    family, effects = shell.state.cancel("p", FailReason.CANCELLED, "stop")
+    assert family == ("p", "sub-p-1")
+    shell.run(effects)
+    # Neither has answered yet (their actors end their turns in their own time): a second
+    # cancel tells nobody again and reports nothing as cancelled by it.
+    assert shell.state.status().held == ("p", "sub-p-1")
+    assert shell.state.cancel("p", FailReason.CANCELLED, "again") == ((), [])
+    assert shell.state.cancel("sub-p-1", FailReason.CANCELLED, "again") == ((), [])
+
+
 def test_a_cancel_that_finds_a_childs_actor_dead_answers_its_parent_at_once(tmp_path) -> None:
     shell = Shell(tmp_path)
     shell.spawn("p", 1)
