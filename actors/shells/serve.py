@@ -9,6 +9,8 @@ the CLI's rendered line, or one JSON object (the event as loopd encodes it) with
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -104,11 +106,12 @@ def serve(
     stop = stop or threading.Event()
     writer = _LineWriter(out or sys.stdout)
     previous: dict[signal.Signals, Any] = {}
+    wake = _Wake(stop)
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) == signal.SIG_IGN:
                 continue  # started ignoring it (``nohup``, a background job): it stays ignored
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, wake.on_signal)
     try:
         with Runtime.start(config, tools=tools) as rt:
             if json_lines:
@@ -127,7 +130,7 @@ def serve(
                 file=sys.stderr,
                 flush=True,
             )
-            stop.wait()
+            wake.wait()
             if service is not None:  # no new requests; the runtime's stop answers the turns
                 forget_served(config.home_path)
                 service.stop_accepting()
@@ -145,4 +148,53 @@ def serve(
             # main() goes on, and an ignored SIGTERM would be inherited by every child process.
             ignore = stopped and not restore_signals
             signal.signal(sig, signal.SIG_IGN if ignore else handler)
+        wake.close()  # after the handlers: none of them writes to its pipe any more
     return 0
+
+
+class _Wake:
+    """How the main thread waits for a stop: a read of a pipe that a stop signal's handler, or
+    a thread watching ``stop``, writes one byte to.
+
+    A handler that called ``stop.set()`` took the Event's lock; a second signal landing while
+    the first handler held it ran a second handler on the same thread, waiting for that lock
+    (a storm of SIGTERMs once ended ``loopd serve`` with a traceback from inside the handler).
+    A write to a pipe takes no lock, so a storm of signals only fills the pipe."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._closed = False
+        self._lock = threading.Lock()  # the watching thread's, never a signal handler's
+        threading.Thread(target=self._watch, name="loopd-serve-stop", daemon=True).start()
+
+    def on_signal(self, _signum: int, _frame: object) -> None:
+        """A stop signal's handler: wake the main thread; nothing else, no lock. (The pipe is
+        closed only once the handlers are put back, so it is open here.)"""
+        self._poke()
+
+    def wait(self) -> None:
+        """Block until a stop signal or ``stop`` is set; then ``stop`` is set."""
+        os.read(self._read, 1)  # a signal's handler runs meanwhile, and the read goes on
+        self.stop.set()
+
+    def close(self) -> None:
+        """Close the pipe, and let the watching thread end (it writes nothing after this: a
+        closed descriptor's number may be another file's by then)."""
+        with self._lock:
+            self._closed = True
+            for fd in (self._read, self._write):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.stop.set()
+
+    def _watch(self) -> None:
+        self.stop.wait()
+        with self._lock:
+            if not self._closed:
+                self._poke()
+
+    def _poke(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending already) or closed
+            os.write(self._write, b"\0")

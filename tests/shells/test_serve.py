@@ -21,7 +21,7 @@ from typing import IO
 
 import pytest
 
-from actors.shells.serve import STOP_SIGNALS
+from actors.shells.serve import STOP_SIGNALS, _Wake
 
 DEADLINE_S = 30.0
 
@@ -125,3 +125,31 @@ def test_serve_stops_cleanly_with_0_however_many_stop_signals_follow(
 
 def test_sighup_is_one_of_the_stop_signals() -> None:
     assert signal.SIGHUP in STOP_SIGNALS and signal.SIGTERM in STOP_SIGNALS
+
+
+def test_a_storm_of_stop_signals_never_blocks_their_handler_and_wakes_the_wait_once() -> None:
+    # The handler used to set a threading.Event, taking its lock: a second signal landing while
+    # the first handler held it ran a second handler on the same thread, waiting for that lock
+    # (the storm test above once failed under load with a traceback from inside the handler).
+    # The handler now writes a byte to a pipe: 200,000 calls in a row (more than a pipe holds)
+    # all return, and the wait still ends.
+    stop = threading.Event()
+    wake = _Wake(stop)
+    try:
+        for _ in range(200_000):
+            wake.on_signal(signal.SIGTERM, None)
+        wake.wait()  # returns at once: a byte is there
+        assert stop.is_set()
+    finally:
+        wake.close()
+
+
+def test_the_wait_also_ends_when_another_thread_sets_stop() -> None:
+    stop = threading.Event()
+    wake = _Wake(stop)
+    try:
+        threading.Timer(0.01, stop.set).start()
+        wake.wait()  # the watching thread writes the byte once stop is set
+        assert stop.is_set()
+    finally:
+        wake.close()
