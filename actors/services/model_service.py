@@ -82,8 +82,8 @@ class DaemonExecutor(concurrent.futures.Executor):
 
     Daemon threads, unlike ``ThreadPoolExecutor``'s, never hold up the interpreter's exit: a
     sync model's call that blocks (a test script waiting on a barrier) cannot be interrupted,
-    only left behind. ``shutdown`` drops queued work; a call already running ends when it
-    returns.
+    only left behind. ``shutdown`` drops queued work and joins the idle threads; a call
+    already running ends when it returns, and its thread with it.
     """
 
     def __init__(self, size: int, name: str = "loopd-model-sync") -> None:
@@ -94,6 +94,7 @@ class DaemonExecutor(concurrent.futures.Executor):
         ] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._busy: set[threading.Thread] = set()
         self._idle = 0
         self._shut = False
 
@@ -117,17 +118,24 @@ class DaemonExecutor(concurrent.futures.Executor):
         return future
 
     def _run(self) -> None:
+        me = threading.current_thread()
         while True:
             item = self._work.get()
             if item is None:
                 return
             future, fn, args = item
+            with self._lock:
+                if self._shut:  # taken after shutdown's count of the busy: dropped as queued
+                    future.cancel()
+                    return
+                self._busy.add(me)
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
                 except BaseException as exc:
                     future.set_exception(exc)
             with self._lock:
+                self._busy.discard(me)
                 if self._shut:
                     return
                 self._idle += 1
@@ -138,10 +146,15 @@ class DaemonExecutor(concurrent.futures.Executor):
             return [t for t in self._threads if t.is_alive()]
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Drop queued work and let idle threads end; with ``wait``, join the threads."""
+        """Drop queued work and let idle threads end; with ``wait``, join them.
+
+        A thread inside a call is not waited for (the call may block for ever): it ends when
+        the call returns.
+        """
         with self._lock:
             self._shut = True
             threads = list(self._threads)
+            busy = set(self._busy)
         while True:
             try:
                 item = self._work.get_nowait()
@@ -153,7 +166,8 @@ class DaemonExecutor(concurrent.futures.Executor):
             self._work.put(None)
         if wait:
             for thread in threads:
-                thread.join()
+                if thread not in busy:
+                    thread.join()
 
 
 class ModelService:
@@ -265,7 +279,8 @@ class ModelService:
             if thread.is_alive():
                 log.warning("the model service's thread did not end within %s s", timeout)
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            # Idle pool threads are joined, so a stopped runtime leaves none behind.
+            self._executor.shutdown(wait=True, cancel_futures=True)
 
     def threads(self) -> list[threading.Thread]:
         """The service's threads still alive: the loop's, and a sync model's pool."""

@@ -492,3 +492,36 @@ def test_a_model_that_never_blocks_still_answers_its_failures(service_for):
     service, reply_probe = service_for(ScriptedModel(script, blocking=False))
     service.tell(ask(1, reply_probe))
     assert reply_probe.expect(ModelError, timeout=WAIT).detail == "the script says no"
+
+
+@pytest.mark.timeout(10)
+def test_shutdown_joins_the_idle_pool_threads_and_leaves_a_blocked_call_running() -> None:
+    """A stopped runtime leaves no idle model thread behind; a call that blocks is not waited
+    for (it cannot be interrupted) and its thread ends when the call returns."""
+    from actors.services.model_service import DaemonExecutor
+
+    pool = DaemonExecutor(4, name="test-pool")
+    release = threading.Event()
+    runner: list[threading.Thread] = []
+
+    def block() -> bool:
+        runner.append(threading.current_thread())
+        return release.wait(5)
+
+    blocked = pool.submit(block)
+    quick = [pool.submit(lambda i=i: i) for i in range(8)]
+    assert [f.result(timeout=5) for f in quick] == list(range(8))
+    assert runner, "the blocked call is running"
+    started = pool.threads()
+    assert len(started) >= 2  # the blocked call's thread and at least one more
+
+    pool.shutdown(wait=True)
+
+    assert pool.threads() == runner  # every idle thread has ended; the blocked one runs on
+    assert not blocked.done()
+    release.set()
+    assert blocked.result(timeout=5) is True
+    runner[0].join(timeout=5)
+    assert pool.threads() == []
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(lambda: None)
