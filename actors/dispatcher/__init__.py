@@ -17,8 +17,9 @@ threads at once (it may run on different threads over its life). A handler must 
 long: it holds a thread other actors need. Blocking work belongs to an actor with a thread of
 its own.
 
-Beside the dispatcher stand ``directory`` (addresses: how actors name each other in messages)
-and ``inbox`` (a pykka inbox on a C ``SimpleQueue`` for the actors that own a thread).
+Beside the dispatcher stand ``directory`` (addresses: how actors name each other in messages),
+``inbox`` (a pykka inbox on a C ``SimpleQueue`` for the actors that own a thread) and ``caller``
+(a waiting caller's own thread lent to the dispatcher, Ctrl-C held while handlers run on it).
 
 This package is loopd's, but it imports nothing of loopd: only pykka and the standard library.
 """

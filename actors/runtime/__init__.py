@@ -30,6 +30,7 @@ from actors.core.mcp_tools import McpCatalog
 from actors.core.output import OutputTypes, decoded, turn_output
 from actors.core.text import RedactFilter, redact
 from actors.dispatcher import Dispatcher
+from actors.dispatcher.caller import lend_caller
 from actors.dispatcher.directory import CONTEXT, EVENTS, MCP, MODEL, PORT, STORE, Directory
 from actors.models.base import AsyncChatModel, ChatModel
 from actors.models.endpoints import AgentEndpoints
@@ -489,7 +490,10 @@ class Runtime:
         waiter = _Waiter()
         self.directory.register(address, waiter)
         try:
-            self._tell_context(start)
+            # This thread waits anyway: it runs the Context's StartTurn itself, and no
+            # dispatcher thread is woken for it.
+            with lend_caller(self.dispatcher):
+                self._tell_context(start)
             try:
                 outcome: TurnOutcome = waiter.wait(timeout)
             except TimeoutError:
