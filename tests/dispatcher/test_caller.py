@@ -20,13 +20,6 @@ from actors.dispatcher.caller import lend_caller
 WAIT = 10.0
 
 
-@pytest.fixture
-def dispatcher() -> Iterator[Dispatcher]:
-    d = Dispatcher(2, name="test-dispatcher")
-    yield d
-    assert d.shutdown(WAIT)
-
-
 class Witness(DispatchedActor):
     """Records the thread each message runs on; ``"interrupt"`` raises SIGINT mid-handler."""
 

@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pykka
@@ -19,13 +18,6 @@ import pytest
 from actors.dispatcher import RUN_NEXT_LIMIT, DispatchedActor, Dispatcher, DispatcherClosed
 
 WAIT = 10.0
-
-
-@pytest.fixture
-def dispatcher() -> Iterator[Dispatcher]:
-    d = Dispatcher(2, name="test-dispatcher")
-    yield d
-    assert d.shutdown(WAIT)
 
 
 class Recorder(DispatchedActor):
