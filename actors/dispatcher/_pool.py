@@ -40,6 +40,7 @@ class _Worker(threading.local):
     the mailbox it runs next."""
 
     running = False
+    lent = False
     next: Runnable | None = None
 
 
@@ -194,6 +195,11 @@ class Dispatcher:
             return
         self._ready.put(mailbox)
 
+    def lent_here(self) -> bool:
+        """Whether the calling thread is lent to this dispatcher now (inside :meth:`lend`, and
+        not one of the dispatcher's own threads): a thread that would otherwise only wait."""
+        return self._worker.lent
+
     @contextlib.contextmanager
     def lend(self) -> Iterator[None]:
         """Lend the calling thread to the dispatcher for the messages told inside the block.
@@ -209,7 +215,7 @@ class Dispatcher:
         if worker.running:
             yield
             return
-        worker.running = True
+        worker.running = worker.lent = True
         try:
             yield
         finally:
@@ -218,7 +224,7 @@ class Dispatcher:
                 if mailbox is not None:
                     self._run_chain(worker, mailbox)
             finally:
-                worker.running = False
+                worker.running = worker.lent = False
 
     def _work(self) -> None:
         worker = self._worker

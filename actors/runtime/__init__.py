@@ -339,7 +339,9 @@ class Runtime:
                 mcp.start()
                 directory.register(MCP, mcp)
             refs[EVENTS] = EventBus.start(subscribers)
-            refs[STORE] = StoreActor.start(lambda: open_store(config), directory, dispatcher.lend)
+            refs[STORE] = StoreActor.start(
+                lambda: open_store(config), directory, dispatcher.lend, dispatcher.lent_here
+            )
             service.start()
             directory.register(MODEL, service)
             refs[PORT] = PortRouter.start(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import msgspec
 import pykka
+from pykka._envelope import Envelope
 
 from actors.dispatcher.directory import Directory
 from actors.dispatcher.inbox import SimpleInbox
@@ -102,9 +104,73 @@ _UNANSWERED = (SettleApproval, ApprovalsRun, DropApprovals, RecordSpent)
 
 class _Inbox(SimpleInbox):
     """The store actor's inbox: a :class:`~actors.dispatcher.inbox.SimpleInbox` that hands over
-    the run of store requests at its head, for the actor to write in one transaction."""
+    the run of store requests at its head, for the actor to write in one transaction, and that
+    lets a teller run a request itself when the store is idle.
 
-    __slots__ = ()
+    ``_running`` is held while a handler of the store runs, on the store's thread or a
+    teller's; ``_queued`` counts the envelopes put in the queue and not yet taken under
+    ``_running``. A teller may run its request in place only with ``_running`` taken and
+    nothing queued or held, so a request never overtakes one sent before it. The store's
+    thread holds ``_running`` from the start until its first ``get``, so nothing runs in place
+    before the store is open, and for good once it has stopped.
+    """
+
+    __slots__ = ("_count", "_queued", "_running", "_store_holds", "run_here", "run_in_place")
+
+    run_here: Callable[[], bool]
+    """Whether the calling thread may run a request in place (the actor sets it)."""
+
+    run_in_place: Callable[[StoreRequest], None] | None
+    """Writes and answers one request on the calling thread (the actor sets it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._running = threading.Lock()
+        self._running.acquire()
+        self._store_holds = True
+        self._count = threading.Lock()
+        self._queued = 0
+        self.run_here = _never
+        self.run_in_place = None
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        """Queue ``envelope``; or, for a plain store request told on a thread that may run it
+        (``run_here``) while the store is idle, write and answer it here and now."""
+        run = self.run_in_place
+        if (
+            run is not None
+            and envelope.reply_to is None
+            and isinstance(envelope.message, _REQUESTS)
+            and self.run_here()
+            and self._running.acquire(blocking=False)
+        ):
+            try:
+                with self._count:
+                    idle = self._queued == 0
+                if idle and not self._held:
+                    run(envelope.message)
+                    return
+            finally:
+                self._running.release()
+        with self._count:
+            self._queued += 1
+        self._queue.put(envelope)
+
+    def get(self) -> Envelope[Any]:
+        """The next envelope, for the store's own thread, which then holds ``_running``."""
+        if self._store_holds:
+            self._store_holds = False
+            self._running.release()
+        if self._held:  # taken from the queue (and counted off) under _running already
+            self._running.acquire()
+            self._store_holds = True
+            return self._held.popleft()
+        envelope = self._queue.get()
+        self._running.acquire()
+        self._store_holds = True
+        with self._count:
+            self._queued -= 1
+        return envelope
 
     def take_requests(self, limit: int) -> list[StoreRequest]:
         """Remove and return the store requests (plain tells) at the head, up to ``limit``.
@@ -118,11 +184,17 @@ class _Inbox(SimpleInbox):
                 envelope = self._queue.get_nowait()
             except queue.Empty:
                 break
+            with self._count:
+                self._queued -= 1
             if envelope.reply_to is not None or not isinstance(envelope.message, _REQUESTS):
                 self._held.append(envelope)
                 break
             taken.append(envelope.message)
         return taken
+
+
+def _never() -> bool:
+    return False
 
 
 class StoreActor(pykka.ThreadingActor):
@@ -139,6 +211,11 @@ class StoreActor(pykka.ThreadingActor):
     Group commit: on each request it also takes the store requests waiting right behind it in
     its inbox (up to ``max_batch``) and writes them all in one transaction; every answer goes
     out after the COMMIT. ``max_batch = 1`` writes one request per transaction.
+
+    In place: a plain store request told while the store is idle, on a thread for which
+    ``run_here()`` is true, is handled on that thread before ``tell`` returns (see the module's
+    docstring); the runtime passes its dispatcher's ``lent_here``. The default runs nothing in
+    place.
     """
 
     max_batch: int = 256
@@ -153,12 +230,14 @@ class StoreActor(pykka.ThreadingActor):
         path: str | Path | Callable[[], StoreBackend],
         directory: Directory,
         lend_thread: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        run_here: Callable[[], bool] = _never,
     ) -> None:
         """``path`` is the database file (``<home>/loopd.db``), or a function that opens
         another backend (PostgreSQL); ``directory`` finds replies. ``lend_thread`` (the
         sessions' dispatcher's ``lend``) is entered around a batch's answers when no request
         waits: the first requester handles its answer on this thread, between two batches,
-        instead of a dispatcher thread being woken for it."""
+        instead of a dispatcher thread being woken for it. ``run_here`` says whether a
+        teller's thread may run its request in place."""
         super().__init__()
         self.lend_thread = lend_thread
         if callable(path):
@@ -170,9 +249,19 @@ class StoreActor(pykka.ThreadingActor):
         self.directory = directory
         self.store: StoreBackend | None = None
         self.open_error: str | None = None
+        inbox = self.actor_inbox
+        if isinstance(inbox, _Inbox):
+            inbox.run_here = run_here
+            inbox.run_in_place = self._run_in_place
+
+    def _run_in_place(self, message: StoreRequest) -> None:
+        try:
+            self.on_receive(message)
+        except Exception:  # a reply that could not be told: the teller's handler goes on
+            log.exception("store: a request run in place failed")
 
     def on_start(self) -> None:
-        """Open the store on the actor's own thread, which then owns its connection."""
+        """Open the store on the actor's own thread; nothing runs in place before it is open."""
         try:
             self.store = self.opener()
         except Exception as exc:
@@ -201,7 +290,11 @@ class StoreActor(pykka.ThreadingActor):
         inbox = self.actor_inbox
         if self.max_batch > 1 and isinstance(inbox, _Inbox):
             batch += inbox.take_requests(self.max_batch - 1)
-        answers = self._answers(batch)
+        try:
+            answers = self._answers(batch)
+        except Exception as exc:  # a bug below the store's own error handling: answer all
+            log.exception("store: a batch of %d failed", len(batch))
+            answers = [self._reply(r, StoreError(r.session, str(exc))) for r in batch]
         # With nothing waiting, the first requester handles its answer on this thread; with
         # more requests waiting, the store gets on with them and the dispatcher with that.
         lend = self.lend_thread if inbox.empty() else contextlib.nullcontext

@@ -93,3 +93,35 @@ def test_another_thread_is_lent_and_signal_handlers_are_left_alone(dispatcher, c
         assert handlers == [signal.default_int_handler]
     finally:
         refs[0].stop()
+
+
+class Asker(DispatchedActor):
+    """Answers whether the thread its message runs on is lent (``Dispatcher.lent_here``)."""
+
+    def __init__(self, dispatcher: Dispatcher, seen: queue.SimpleQueue[tuple[str, bool]]) -> None:
+        super().__init__(dispatcher)
+        self.seen = seen
+
+    def on_receive(self, message: Any) -> Any:
+        self.seen.put((threading.current_thread().name, self.dispatcher.lent_here()))
+        return None
+
+
+def test_only_a_lent_callers_thread_counts_as_lent_not_the_dispatchers_own() -> None:
+    # What may do blocking work in place (the store's commit) asks this: a caller's thread
+    # only waits anyway, but a dispatcher thread held up would hold up every actor behind it.
+    dispatcher = Dispatcher(1, name="lent-test")
+    seen: queue.SimpleQueue[tuple[str, bool]] = queue.SimpleQueue()
+    assert not dispatcher.lent_here()
+    with lend_caller(dispatcher):
+        assert dispatcher.lent_here()
+        ref = Asker.start(dispatcher, seen)
+        ref.tell("lent")
+    try:
+        assert seen.get(timeout=WAIT) == (threading.current_thread().name, True)
+        assert not dispatcher.lent_here()
+        ref.tell("not lent")
+        assert seen.get(timeout=WAIT) == ("lent-test-0", False)
+    finally:
+        ref.stop()
+        assert dispatcher.shutdown(WAIT)

@@ -431,20 +431,6 @@ def test_store_errors_copy_and_pickle_with_their_text() -> None:
 
 
 @pytest.fixture
-def directory() -> Directory:
-    return Directory()
-
-
-@pytest.fixture
-def probe(directory: Directory) -> Iterator[Probe]:
-    # The kit's probe, at the fixed address these tests reply to.
-    p = Probe.start(name="probe")
-    directory.register("probe", p)
-    yield p
-    p.stop()
-
-
-@pytest.fixture
 def actor(db: Path, directory: Directory) -> Iterator[pykka.ActorRef[StoreActor]]:
     ref = StoreActor.start(db, directory)
     directory.register(STORE, ref)
