@@ -2,8 +2,10 @@
 
 The actors run on their own threads as always; this module only bridges their answers onto an
 event loop. Nothing here blocks the loop: a turn's outcome and every event come back through a
-mailbox whose ``tell`` hands the message to the loop with ``call_soon_threadsafe``, and the few
-calls that must wait for an actor (start, stop, cancel, live) wait in a worker thread.
+mailbox that hands the message to the loop through one
+:class:`~actors.dispatcher.loop_inbox.LoopInbox` per loop (a burst of answers costs the loop one
+wake-up), and the few calls that must wait for an actor (start, stop, cancel, live) wait in a
+worker thread.
 
 Its methods take the same arguments as :class:`~actors.Runtime`'s of the same name (a test
 compares their signatures), and check them the same way, before anything is sent.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
@@ -22,6 +25,7 @@ from typing import Any
 from actors.core.config import Config, check_wait
 from actors.core.mcp_config import McpServerConfig
 from actors.core.output import decoded
+from actors.dispatcher.loop_inbox import LoopInbox
 from actors.models.base import AsyncChatModel, ChatModel
 from actors.runtime import Runtime, check_outcome, output_kind
 from actors.runtime.checks import _utc_now
@@ -48,16 +52,35 @@ __all__ = ["AsyncRuntime", "AsyncStart"]
 log = logging.getLogger(__name__)
 
 
+Delivery = tuple[Callable[[Any], object], Any]
+"""A call for the loop to make: a function and its one argument."""
+
+
+def _deliver(delivery: Delivery) -> None:
+    call, argument = delivery
+    call(argument)
+
+
+def _loop_inbox(
+    inboxes: weakref.WeakKeyDictionary[Any, LoopInbox[Delivery]],
+) -> LoopInbox[Delivery]:
+    """The running loop's inbox in ``inboxes``, made on first use."""
+    loop = asyncio.get_running_loop()
+    inbox = inboxes.get(loop)
+    if inbox is None:
+        inbox = inboxes[loop] = LoopInbox(loop, _deliver, "aio")
+    return inbox
+
+
 class _LoopMailbox:
     """A mailbox at a directory address that resolves an asyncio future on its loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
-        self._loop = loop
+    def __init__(self, inbox: LoopInbox[Delivery], future: asyncio.Future[Any]) -> None:
+        self._inbox = inbox
         self._future = future
 
     def tell(self, message: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            self._loop.call_soon_threadsafe(self._resolve, message)
+        self._inbox.put((self._resolve, message))  # a closed loop: nobody waits any more
 
     def _resolve(self, message: Any) -> None:
         if not self._future.done():
@@ -71,8 +94,8 @@ _END = object()
 class _EventFeed:
     """One ``events()`` iterator's queue, fed from the event bus thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, session: str | None) -> None:
-        self.loop = loop
+    def __init__(self, inbox: LoopInbox[Delivery], session: str | None) -> None:
+        self.inbox = inbox
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         # A session's family: the session and every child it spawns, grown as children start.
         self.family: set[str] | None = None if session is None else {session}
@@ -87,8 +110,7 @@ class _EventFeed:
         self.push(event)
 
     def push(self, item: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody iterates any more
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        self.inbox.put((self.queue.put_nowait, item))  # a closed loop: nobody iterates any more
 
 
 class AsyncRuntime:
@@ -106,6 +128,10 @@ class AsyncRuntime:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._feeds: set[_EventFeed] = set()
+        # Per event loop: what actor threads hand it (answers, events), one wake-up a burst.
+        self._inboxes: weakref.WeakKeyDictionary[Any, LoopInbox[Delivery]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._stopped = False
         # The checks of cancelled run_turn tasks still under way (strong refs: a task that
         # nobody holds may be collected before it ends).
@@ -188,7 +214,7 @@ class AsyncRuntime:
         check_wait(timeout, "timeout")  # before anything is sent: no nan deadline on the loop
         loop = asyncio.get_running_loop()
         future: asyncio.Future[TurnOutcome] = loop.create_future()
-        mailbox = _LoopMailbox(loop, future)
+        mailbox = _LoopMailbox(_loop_inbox(self._inboxes), future)
         directory = self.runtime.directory
         address = directory.unique("aio")
         directory.register(address, mailbox)
@@ -288,7 +314,7 @@ class AsyncRuntime:
         """
         if session is not None:
             check_session_id(session)
-        feed = _EventFeed(asyncio.get_running_loop(), session)
+        feed = _EventFeed(_loop_inbox(self._inboxes), session)
         if self._stopped:
             return
         self._feeds.add(feed)

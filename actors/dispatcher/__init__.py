@@ -18,8 +18,9 @@ long: it holds a thread other actors need. Blocking work belongs to an actor wit
 its own.
 
 Beside the dispatcher stand ``directory`` (addresses: how actors name each other in messages),
-``inbox`` (a pykka inbox on a C ``SimpleQueue`` for the actors that own a thread) and ``caller``
-(a waiting caller's own thread lent to the dispatcher, Ctrl-C held while handlers run on it).
+``inbox`` (a pykka inbox on a C ``SimpleQueue`` for the actors that own a thread), ``caller``
+(a waiting caller's own thread lent to the dispatcher, Ctrl-C held while handlers run on it)
+and ``loop_inbox`` (messages told from any thread to an asyncio loop, one wake-up a burst).
 
 This package is loopd's, but it imports nothing of loopd: only pykka and the standard library.
 """

@@ -1,8 +1,9 @@
 """The model service: every model request of a runtime as a task of one asyncio loop.
 
 It stands at the ``model`` address of the
-:class:`~actors.dispatcher.directory.Directory`. ``tell`` hands
-a message to its loop (``call_soon_threadsafe``); the loop runs in one thread of its own. For
+:class:`~actors.dispatcher.directory.Directory`. ``tell`` hands a message to its loop (a
+:class:`~actors.dispatcher.loop_inbox.LoopInbox`: the messages of a burst, one wake-up of the
+loop); the loop runs in one thread of its own. For
 each :class:`~messages.ModelRequest` it starts a task that
 
 1. takes a free slot of the request's pool from the :class:`~actors.core.slots.SlotTable`
@@ -40,6 +41,7 @@ import msgspec
 
 from actors.core.slots import Grant, SlotTable
 from actors.dispatcher.directory import EVENTS, Directory
+from actors.dispatcher.loop_inbox import LoopInbox
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
 from messages import (
     CancelModelRequest,
@@ -218,6 +220,7 @@ class ModelService:
         self._name = name
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: LoopInbox[Any] | None = None  # what tell hands the loop, a burst a wake-up
         self._thread: threading.Thread | None = None
         self._stopping = False
         # Set on the loop by stop().
@@ -246,6 +249,7 @@ class ModelService:
 
     async def _main(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
+        self._inbox = LoopInbox(self._loop, self._receive, self._name)
         self._stop_requested = asyncio.Event()
         self._permits = asyncio.Semaphore(self.concurrency)
         ready.set()
@@ -293,9 +297,10 @@ class ModelService:
         """Hand ``message`` to the loop; raises ``RuntimeError`` once the service stops (the
         directory counts that as a dead letter)."""
         with self._lock:
-            if self._stopping or self._loop is None:
+            if self._stopping or self._inbox is None:
                 raise RuntimeError("the model service is stopped")
-            self._loop.call_soon_threadsafe(self._receive, message)
+            if not self._inbox.put(message):
+                raise RuntimeError("the model service's loop is closed")
 
     def _receive(self, message: Any) -> None:
         if isinstance(message, ModelRequest):

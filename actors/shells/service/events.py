@@ -2,9 +2,9 @@
 a bounded replay buffer and a bounded queue per client.
 
 The runtime calls :meth:`EventHub.offer` inline, on the actor thread that emits the event (no
-hop to the event bus's thread); that only queues the event for the service's loop (waking the
-loop with ``call_soon_threadsafe`` when no drain is pending already, so a burst of events is
-one wake-up), so no client, however slow, ever holds up an actor. On the loop each event gets
+hop to the event bus's thread); that only queues the event for the service's loop (a
+:class:`~actors.dispatcher.loop_inbox.LoopInbox`: a burst of events is one wake-up of the
+loop), so no client, however slow, ever holds up an actor. On the loop each event gets
 the next id, is kept in the replay buffer, and is appended to the queue of every client whose
 filter it passes; its SSE frame is encoded once, when the first client needs it. A client
 whose queue is full has fallen behind: it is told (a ``dropped`` event naming the last id it
@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from actors.core.dispatch import descends_from
+from actors.dispatcher.loop_inbox import LoopInbox
 from messages import TurnEvent
 
 __all__ = ["EventHub", "Subscriber", "control_frame", "event_frame"]
@@ -139,11 +140,10 @@ class EventHub:
         self._buffer: deque[_Entry] = deque(maxlen=replay_events or None)
         self._next = 1
         self._clients: set[Subscriber] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
-        self._inbox: deque[TurnEvent] = deque()  # filled by actor threads, drained on the loop
-        self._draining = False  # a drain is scheduled on the loop and has not started yet
+        # Filled by actor threads, drained on the loop; made by attach.
+        self._inbox: LoopInbox[TurnEvent] | None = None
 
     @property
     def clients(self) -> int:
@@ -158,31 +158,15 @@ class EventHub:
     def attach(self, subscribe: Callable[[Callable[[TurnEvent], Any]], Callable[[], None]]) -> None:
         """Subscribe to a runtime (``Runtime.subscribe``, inline: :meth:`offer` only queues);
         call on the service's loop."""
-        self._loop = asyncio.get_running_loop()
+        self._inbox = LoopInbox(asyncio.get_running_loop(), self._publish, "the event hub")
         self._unsubscribe = subscribe(self.offer)
 
     def offer(self, event: TurnEvent) -> None:
         """The runtime's call, on the thread that emitted ``event``: queue it for the loop and
         return at once (any thread may call it; the queue keeps the order of the calls)."""
-        loop = self._loop
-        if loop is None or self._closed:
-            return
-        self._inbox.append(event)
-        if not self._draining:  # else the drain already scheduled takes this event too
-            self._draining = True
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens any more
-                loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        # Cleared before popping: an event queued from here on schedules a drain of its own.
-        self._draining = False
         inbox = self._inbox
-        while inbox:
-            event = inbox.popleft()
-            try:
-                self._publish(event)
-            except Exception:  # one bad event must not hold back the rest of the burst
-                log.exception("the event hub could not publish %s", type(event).__name__)
+        if inbox is not None and not self._closed:
+            inbox.put(event)  # False once the loop has closed: nobody listens any more
 
     def _publish(self, event: TurnEvent) -> None:
         if self._closed or getattr(event, "session", None) is None:
