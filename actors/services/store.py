@@ -255,8 +255,11 @@ class StoreActor(pykka.ThreadingActor):
             inbox.run_in_place = self._run_in_place
 
     def _run_in_place(self, message: StoreRequest) -> None:
+        # This one request alone: only the store's own thread takes what waits in the queue,
+        # since an envelope taken here that is not a request would wait in _held for a get()
+        # that sleeps in the queue already.
         try:
-            self.on_receive(message)
+            self._write([message])
         except Exception:  # a reply that could not be told: the teller's handler goes on
             log.exception("store: a request run in place failed")
 
@@ -290,6 +293,11 @@ class StoreActor(pykka.ThreadingActor):
         inbox = self.actor_inbox
         if self.max_batch > 1 and isinstance(inbox, _Inbox):
             batch += inbox.take_requests(self.max_batch - 1)
+        self._write(batch)
+        return None
+
+    def _write(self, batch: list[StoreRequest]) -> None:
+        """Write ``batch`` in one transaction and tell each request its answer."""
         try:
             answers = self._answers(batch)
         except Exception as exc:  # a bug below the store's own error handling: answer all
@@ -297,14 +305,13 @@ class StoreActor(pykka.ThreadingActor):
             answers = [self._reply(r, StoreError(r.session, str(exc))) for r in batch]
         # With nothing waiting, the first requester handles its answer on this thread; with
         # more requests waiting, the store gets on with them and the dispatcher with that.
-        lend = self.lend_thread if inbox.empty() else contextlib.nullcontext
+        lend = self.lend_thread if self.actor_inbox.empty() else contextlib.nullcontext
         with lend():
             for request, reply in zip(batch, answers, strict=True):
                 if isinstance(request, _UNANSWERED):
                     continue
                 if not self.directory.tell(request.reply_to, reply):
                     log.debug("store reply to %s was not delivered", request.reply_to)
-        return None
 
     def _answers(self, batch: list[StoreRequest]) -> list[Any]:
         if self.store is None:

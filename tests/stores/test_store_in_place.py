@@ -7,7 +7,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pykka
 import pytest
@@ -19,6 +19,8 @@ from actors.stores.base import StoreBackend
 from actors.stores.sqlite import SessionStore
 from actors.testing import Probe
 from messages import Appended, AppendMessages, Baseline, ChatMessage, OpenSession, StoreFailed
+from messages.approvals import ListApprovals
+from messages.runtime import ReleaseSession
 
 BASELINE = Baseline(system="You are careful.", tools=())
 
@@ -51,11 +53,58 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "loopd.db"
 
 
-@pytest.fixture
-def actor(db_path: Path, directory: Directory, lent: Lent) -> Iterator[pykka.ActorRef[StoreActor]]:
-    ref = StoreActor.start(db_path, directory, run_here=lambda: lent.on)
+class Watched(queue.SimpleQueue[Envelope[Any]]):
+    """The store's queue, watched: ``waiting`` is set each time the store's thread comes to
+    wait for its next envelope (so holding nothing), and while ``gate`` is clear it waits
+    there before taking anything, so what is told meanwhile stays queued."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
+        if block:
+            self.waiting.set()
+            assert self.gate.wait(10)
+        return super().get(block, timeout)
+
+
+def start_store(
+    path: Path | Any, directory: Directory, lent: Lent
+) -> tuple[pykka.ActorRef[StoreActor], Watched]:
+    """A store actor on ``path`` (or an opener) whose queue is watched, registered at STORE,
+    that runs in place what a thread ``lent`` tells it; once it waits for its first envelope."""
+    watched = Watched()
+
+    class Store(StoreActor):
+        @staticmethod
+        def _create_actor_inbox() -> _Inbox:
+            inbox = _Inbox()
+            inbox._queue = watched
+            return inbox
+
+    ref = cast("pykka.ActorRef[StoreActor]", Store.start(path, directory, run_here=lambda: lent.on))
     directory.register(STORE, ref)
-    yield ref
+    assert watched.waiting.wait(10)
+    return ref, watched
+
+
+def until_idle(watched: Watched, ask: Any) -> Any:
+    """``ask()``, then wait until the store's thread is back waiting for work: idle."""
+    watched.waiting.clear()
+    answer = ask()
+    assert watched.waiting.wait(10)
+    return answer
+
+
+@pytest.fixture
+def store_actor(
+    db_path: Path, directory: Directory, lent: Lent
+) -> Iterator[tuple[pykka.ActorRef[StoreActor], Watched]]:
+    ref, watched = start_store(db_path, directory, lent)
+    yield ref, watched
+    watched.gate.set()
     ref.stop()
 
 
@@ -71,11 +120,16 @@ def commit_threads(actor: pykka.ActorRef[StoreActor]) -> list[str]:
 
 
 def test_a_request_told_on_a_lent_thread_to_an_idle_store_is_durable_when_tell_returns(
-    actor: pykka.ActorRef[StoreActor], directory: Directory, probe: Probe, lent: Lent, db_path: Path
+    store_actor: tuple[pykka.ActorRef[StoreActor], Watched],
+    directory: Directory,
+    probe: Probe,
+    lent: Lent,
+    db_path: Path,
 ) -> None:
+    actor, watched = store_actor
     directory.tell(STORE, OpenSession("s", BASELINE, 0, reply_to="probe"))
     probe.next()
-    commits = commit_threads(actor)
+    commits = until_idle(watched, lambda: commit_threads(actor))
     lent.on = True
     try:
         directory.tell(STORE, append("s", 1, "written here"))
@@ -131,11 +185,10 @@ def test_a_batch_that_raises_below_the_store_is_answered_and_the_store_serves_on
     def open_broken() -> StoreBackend:
         return Broken(tmp_path / "loopd.db")
 
-    ref = StoreActor.start(open_broken, directory, run_here=lambda: lent.on)
+    ref, _ = start_store(open_broken, directory, lent)
     try:
-        directory.register(STORE, ref)
         lent.on = True
-        directory.tell(STORE, OpenSession("s", BASELINE, 0, reply_to="probe"))
+        directory.tell(STORE, OpenSession("s", BASELINE, 0, reply_to="probe"))  # in place
         lent.on = False
         failed = probe.next()
         assert isinstance(failed, StoreFailed) and "a bug under the store" in failed.detail
@@ -244,3 +297,54 @@ def test_an_idle_store_runs_a_lent_tellers_request_in_place_and_only_then() -> N
     finally:
         inbox.put(Envelope(None))
         thread.join(10)
+
+
+def test_a_message_queued_while_a_request_runs_in_place_still_reaches_the_stores_thread(
+    db_path: Path, directory: Directory, probe: Probe, lent: Lent
+) -> None:
+    # The store's thread sleeps before it takes anything; a teller runs a request in place,
+    # and meanwhile another thread tells the store a message that is not a request (a
+    # session's release). The teller must leave it in the queue: taken there, it would wait
+    # for a store thread that sleeps in the queue already.
+    released: list[str] = []
+
+    class Recording(SessionStore):
+        def release(self, id: str) -> None:
+            released.append(id)
+            super().release(id)
+
+        def approvals(self) -> Any:  # answered on the store's thread: what it had released
+            return list(released)
+
+    def open_recording() -> StoreBackend:
+        return Recording(db_path)
+
+    ref, watched = start_store(open_recording, directory, lent)
+    try:
+        directory.tell(STORE, OpenSession("s", BASELINE, 0, reply_to="probe"))
+        probe.next()
+        watched.gate.clear()
+        # Taken and handled; then the store's thread waits at the gate.
+        until_idle(watched, lambda: directory.tell(STORE, ReleaseSession("warm")))
+        inbox = ref.actor_inbox
+        assert isinstance(inbox, _Inbox) and inbox.run_in_place is not None
+        run = inbox.run_in_place
+
+        def run_with_a_release_told_meanwhile(message: Any) -> None:
+            other = threading.Thread(target=directory.tell, args=(STORE, ReleaseSession("s")))
+            other.start()
+            other.join(10)
+            run(message)
+
+        inbox.run_in_place = run_with_a_release_told_meanwhile
+        lent.on = True
+        directory.tell(STORE, append("s", 1, "in place"))
+        lent.on = False
+        assert probe.next() == Appended("s", 1)
+        watched.gate.set()
+        # An ask told after the release is handled after it, on the store's thread: what had
+        # been released by then, it answers.
+        assert ref.ask(ListApprovals(), timeout=10) == ["warm", "s"]
+    finally:
+        watched.gate.set()
+        ref.stop()
