@@ -45,13 +45,17 @@ class LoopInbox(Generic[T]):
 
     def put(self, item: T) -> bool:
         """Queue ``item`` for the loop (any thread); False if the loop is closed."""
+        if self._loop.is_closed():  # a drain scheduled before the close never runs: let go
+            self._items.clear()
+            return False
         self._items.append(item)
         if self._draining:  # the drain scheduled already takes this item too
             return True
         self._draining = True
         try:
             self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed
+        except RuntimeError:  # the loop closed since the check above
+            self._draining = False
             self._items.clear()
             return False
         return True

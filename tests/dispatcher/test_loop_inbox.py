@@ -120,6 +120,10 @@ def test_a_failing_item_is_logged_and_the_rest_of_the_burst_handled(
 
 def test_after_the_loop_closes_put_says_so_and_keeps_nothing(looped: LoopThread) -> None:
     inbox: LoopInbox[int] = LoopInbox(looped.loop, lambda item: None, "test")
-    looped.close()
-    assert inbox.put(1) is False
+    looped.loop.call_soon_threadsafe(looped.loop.stop)
+    looped.thread.join(WAIT)
+    assert inbox.put(1)  # a drain is scheduled on a loop that has stopped and never runs it
+    looped.loop.close()
+    assert inbox.put(2) is False
+    assert inbox.put(3) is False
     assert "waiting=0" in repr(inbox)
