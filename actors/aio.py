@@ -25,6 +25,7 @@ from typing import Any
 from actors.core.config import Config, check_wait
 from actors.core.mcp_config import McpServerConfig
 from actors.core.output import decoded
+from actors.dispatcher.directory import Mailbox
 from actors.dispatcher.loop_inbox import LoopInbox
 from actors.models.base import AsyncChatModel, ChatModel
 from actors.runtime import Runtime, check_outcome, output_kind
@@ -187,6 +188,12 @@ class AsyncRuntime:
         self.runtime.send_turn(
             session, text, speaker=speaker, reply_to=reply_to, agent=agent, output=output
         )
+
+    def future_mailbox(self, future: asyncio.Future[Any]) -> Mailbox:
+        """A mailbox to register at a directory address: the first message told it, on any
+        thread, resolves ``future`` on the running loop. It goes through the loop's one inbox,
+        so the answers of many turns waited on at once wake the loop once a burst."""
+        return _LoopMailbox(_loop_inbox(self._inboxes), future)
 
     async def run_turn(
         self,

@@ -360,3 +360,33 @@ def test_run_turn_and_send_turn_pick_the_agent(tmp_path: Path) -> None:
     assert end.completed
     assert [r.agent for r in model.requests] == ["small", "small"]
     assert model.requests[0].options.model == "small-model"
+
+
+def test_future_mailbox_resolves_its_future_once_from_any_thread(tmp_path: Path) -> None:
+    """The mailbox the service registers for a waiting HTTP turn: the first message told it, from
+    an actor's thread, resolves its future on the loop; a later one changes nothing; once the
+    loop is closed, telling it raises nothing (nobody waits any more)."""
+    count = 32
+
+    async def main() -> tuple[list[object], list[object]]:
+        async with AsyncRuntime.start(config(tmp_path), model=ScriptedModel([])) as rt:
+            loop = asyncio.get_running_loop()
+            futures = [loop.create_future() for _ in range(count)]
+            boxes = [rt.future_mailbox(future) for future in futures]
+
+            def tell_all() -> None:
+                for i, box in enumerate(boxes):
+                    box.tell(f"first {i}")
+                    box.tell(f"second {i}")
+
+            threads = [threading.Thread(target=tell_all) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            answers = await asyncio.wait_for(asyncio.gather(*futures), WAIT)
+            for thread in threads:
+                thread.join(WAIT)
+            return answers, boxes
+
+    answers, boxes = asyncio.run(main())
+    assert answers == [f"first {i}" for i in range(count)]
+    boxes[0].tell("after the loop closed")  # raises nothing

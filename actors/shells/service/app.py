@@ -98,22 +98,6 @@ def _error(status: int, text: str) -> Response:
     return _json({"error": text}, status)
 
 
-class _FutureMailbox:
-    """A directory mailbox that resolves ``future`` on its loop with the first message."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
-        self._loop = loop
-        self._future = future
-
-    def tell(self, message: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            self._loop.call_soon_threadsafe(self._resolve, message)
-
-    def _resolve(self, message: Any) -> None:
-        if not self._future.done():
-            self._future.set_result(message)
-
-
 class ServiceState:
     """What the app's handlers share: the runtime, the settings, the event hub, and the turns
     waited on (answered ``CANCELLED`` by :meth:`finish` if the runtime never answers them)."""
@@ -253,7 +237,7 @@ async def post_turn(request: Request) -> Response:
         return _json({"session": session}, 202)
     loop = asyncio.get_running_loop()
     future: asyncio.Future[TurnOutcome] = loop.create_future()
-    mailbox = _FutureMailbox(loop, future)
+    mailbox = state.runtime.future_mailbox(future)
     address = runtime.directory.unique("http")
     runtime.directory.register(address, mailbox)
     state.waiting[future] = session
