@@ -22,6 +22,7 @@ from actors.dispatcher.directory import Directory
 from actors.models.base import AsyncChatModel, ChatModel, ModelFailure
 from actors.models.http import HttpChatModel
 from actors.runtime import Runtime
+from actors.runtime.collector import tune_collector
 from actors.stores.lock import HomeInUse
 from actors.stores.memory import FileMemory, MemoryFailure, MemorySource
 from actors.tools.tool import PortTool, ToolContext, ToolOutput
@@ -51,4 +52,5 @@ __all__ = [
     "ToolContext",
     "ToolOutput",
     "port_tool",
+    "tune_collector",
 ]

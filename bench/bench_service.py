@@ -12,7 +12,9 @@ blocks run side by side. With ``--keep-alive`` each round has a direct block bes
 block (new connections, then kept ones), so the two processes have run as many turns, and hold
 as many sessions, whenever a pair is compared: a runtime holding more sessions collects garbage
 longer and, past ``[sessions] max_live``, passivates. Each side's time in the garbage collector
-is printed with its CPU.
+is printed with its CPU. Both sides set the collector as ``loopd serve`` does
+(``actors.tune_collector``) once started; a checkout given by ``--against`` from before it leaves
+its collector at CPython's defaults, so the pair shows what the setting is worth.
 
 Run: python bench/bench_service.py [--turns N] [--repeats R] [--clients K] [--keep-alive]
 [--against CHECKOUT]. Prints one line per measurement; nothing is asserted.
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 
+import actors
 from actors import Config
 from actors.aio import AsyncRuntime
 from actors.runtime import Runtime
@@ -71,6 +74,14 @@ def _track_gc() -> None:
     """Count the wall seconds this process spends in the cyclic garbage collector (each side's
     child reports it per block: a heap that holds more sessions collects longer)."""
     gc.callbacks.append(_count_gc)
+
+
+def _tune_gc() -> None:
+    """Set the collector as ``loopd serve`` sets it, on both sides alike, once started; a
+    checkout from before ``actors.tune_collector`` (``--against``) leaves it as it was."""
+    tune = getattr(actors, "tune_collector", None)
+    if tune is not None:
+        tune()
 
 
 def _p99(latencies: list[float]) -> float:
@@ -120,6 +131,7 @@ def direct_here() -> None:
         with tempfile.TemporaryDirectory() as home:
             async with AsyncRuntime.start(Config(home=home), model=_model()) as rt:
                 await rt.run_turn("warm", "hi", timeout=60)
+                _tune_gc()
                 print("ready", flush=True)
                 loop = asyncio.get_running_loop()
                 while line := await loop.run_in_executor(None, sys.stdin.readline):
@@ -140,6 +152,7 @@ def serve_here() -> None:
         Runtime.start(Config(home=home), model=_model()) as rt,
         Service.start(rt, ServiceSettings("127.0.0.1", 0)) as service,
     ):
+        _tune_gc()
         print(service.url, flush=True)
         loop_clock = time.pthread_getcpuclockid(service._thread.ident or 0)
         while sys.stdin.readline():

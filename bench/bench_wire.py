@@ -1,12 +1,13 @@
 """The price of a turn over real HTTP: loopd against the same requests sent straight.
 
-Run: python bench/bench_wire.py [--quick] [--rounds N] [--disk DIR]. ``bench/fake_llama.py``
-serves in a process of its own (asyncio, HTTP/1.1 keep-alive, answers at once); loopd's
-runtimes have ``model.base_url`` on it, and direct clients send it the very bodies loopd sent
-(read back from the server's ``GET /v1/last``). Every loopd turn is on a new session. The kinds
-run alternated in blocks of 20 in one run, so a machine that gets busier or quieter meets each
-kind alike; each figure is the median over all its turns, with the range of its blocks' medians,
-and each ratio the median of the ratios of blocks run side by side (with their range).
+Run: python bench/bench_wire.py [--quick] [--rounds N] [--disk DIR] [--tune-gc].
+``bench/fake_llama.py`` serves in a process of its own (asyncio, HTTP/1.1 keep-alive, answers at
+once); loopd's runtimes have ``model.base_url`` on it, and direct clients send it the very
+bodies loopd sent (read back from the server's ``GET /v1/last``). Every loopd turn is on a new
+session. The kinds run alternated in blocks of 20 in one run, so a machine that gets busier or
+quieter meets each kind alike; each figure is the median over all its turns, with the range of
+its blocks' medians, and each ratio the median of the ratios of blocks run side by side (with
+their range).
 
 Measured:
 - one plain turn (one request) on a tmpfs home and on a disk home, against ``httpx.Client``;
@@ -20,7 +21,9 @@ Measured:
 - a streamed answer: the time to the first ``TextDelta`` event against a direct SSE client's
   first body byte.
 
-Nothing here is asserted: the targets are in docs/performance.md.
+With ``--tune-gc`` the process's collector is set as ``loopd serve`` sets its own
+(``actors.tune_collector``) before anything is measured: loopd and the direct clients share this
+process, so both run with it. Nothing here is asserted: the targets are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import aiohttp
 import fake_llama
 import httpx
 
-from actors import Config, ModelConfig, Runtime, SlotsConfig
+from actors import Config, ModelConfig, Runtime, SlotsConfig, tune_collector
 from actors.aio import AsyncRuntime
 from actors.models.http import HttpChatModel
 from actors.testing.script import Answer, calls, reply
@@ -382,7 +385,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 10")
     parser.add_argument("--rounds", type=int, help="rounds of blocks (default 10)")
     parser.add_argument("--disk", help="the disk folder for the disk home (default: /tmp)")
+    parser.add_argument(
+        "--tune-gc", action="store_true", help="the collector as loopd serve sets it, for all"
+    )
     args = parser.parse_args()
+    if args.tune_gc:
+        tune_collector()
     rounds = args.rounds or (3 if args.quick else 10)
     shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     load = os.getloadavg()
@@ -406,6 +414,7 @@ def main() -> None:
     print(
         f"bench_wire: {rounds} rounds of blocks of {BLOCK}, python {sys.version.split()[0]}, "
         f"{os.cpu_count()} cores, load average {load[0]:.1f} at the start; "
+        f"{'the collector tuned (tune_collector); ' if args.tune_gc else ''}"
         f"median [range of block medians]"
     )
     print("| what (median) | loopd | the same requests sent straight | ratio |")

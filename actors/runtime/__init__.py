@@ -2,7 +2,8 @@
 
 The facade itself is here; what it checks before anything is sent is in ``checks``, and the
 parts it is wired from (the resolved config, the tracer, a cluster engine found by entry point,
-the MCP service) are picked in ``parts``.
+the MCP service) are picked in ``parts``. ``collector`` sets the garbage collector for a
+process serving many turns at once (``loopd serve`` calls it; the facade never does).
 """
 
 from __future__ import annotations

@@ -226,7 +226,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args)
     tools = load_tools(args.tools)
     return serve(
-        config, json_lines=args.json, tools=tools, restore_signals=False, listen=args.listen
+        config,
+        json_lines=args.json,
+        tools=tools,
+        restore_signals=False,
+        listen=args.listen,
+        tune_gc=True,
     )
 
 

@@ -21,6 +21,7 @@ import msgspec
 
 from actors.core.config import Config
 from actors.runtime import Runtime
+from actors.runtime.collector import tune_collector
 from actors.shells.render import EventPrinter, render_event
 from actors.shells.served import forget_served, record_served
 from actors.shells.service.settings import service_settings
@@ -87,6 +88,7 @@ def serve(
     out: TextIO | None = None,
     restore_signals: bool = True,
     listen: str | None = None,
+    tune_gc: bool = False,
 ) -> int:
     """Run ``config``'s runtime (with its ``[[cron]]`` jobs and ``[heartbeat]``) until ``stop``
     is set, or one of :data:`STOP_SIGNALS` arrives when called on the main thread. Returns 0.
@@ -99,6 +101,10 @@ def serve(
     signals are ignored instead after a clean stop (a failed start puts them back), so one that
     comes while the process exits cannot kill it with the default action (Python puts the
     default back as it finalises a handler of its own, so keeping ours would not do).
+
+    With ``tune_gc`` (``loopd serve``: the process is loopd's) the garbage collector is set for
+    many turns at once (:func:`actors.runtime.collector.tune_collector`) once everything has
+    started; an embedder's collector is left as it is.
     """
     settings = service_settings(config, listen)
     service: Any = None
@@ -123,6 +129,8 @@ def serve(
                 # The CLI on this home goes through the service (actors.shells.served).
                 record_served(config.home_path, service.url, config.serve.token_env)
                 print(f"loopd serve: listening on {service.url}", file=sys.stderr, flush=True)
+            if tune_gc:
+                tune_collector()
             jobs = len(config.cron) + (1 if config.heartbeat else 0)
             print(
                 f"loopd serve: running on {config.home} with {jobs} scheduled job(s); "
