@@ -75,17 +75,29 @@ def _chromium() -> Any:
 
 
 def _wait(browser: Any, what: Any) -> Any:
-    from selenium.common.exceptions import TimeoutException
+    """``what(browser)``'s first true value, asked again until ``WAIT``. An element the page
+    redrew meanwhile (stale) is asked again too: the page redraws on every event."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(browser, WAIT).until(what)
+        return WebDriverWait(
+            browser, WAIT, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(what)
     except TimeoutException:  # say what the page showed
         raise AssertionError(
             browser.find_element("tag name", "body").text
             + "\n"
             + repr(browser.get_log("browser") if hasattr(browser, "get_log") else "")
         ) from None
+
+
+def _texts(browser: Any, css: str) -> list[str]:
+    """The text of every element ``css`` matches, read again if the page redrew one of them
+    between the query and the read; at least one element."""
+    from selenium.webdriver.common.by import By
+
+    return list(_wait(browser, lambda b: [e.text for e in b.find_elements(By.CSS_SELECTOR, css)]))
 
 
 def _nodes(browser: Any, state: str) -> list[Any]:
@@ -111,17 +123,17 @@ def test_the_page_asks_for_the_token_then_draws_the_familys_tree_and_cancels_one
     browser.find_element(By.ID, "turn-text").send_keys(DEMO_TEXT)
     browser.find_element(By.CSS_SELECTOR, "#turn-form button").click()
     _wait(browser, lambda b: len(_nodes(b, "completed")) == 3)
-    ids = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".node .id")]
+    ids = _texts(browser, ".node .id")
     assert ids == ["demo", "sub-demo-1", "sub-sub-demo-1-1"]  # parent, child, grandchild
-    facts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".node .facts")]
+    facts = _texts(browser, ".node .facts")
     assert all("300 tokens" in f for f in facts), facts  # two answers of 150 each
     _wait(browser, lambda b: "agent default" in b.find_element(By.CSS_SELECTOR, ".facts").text)
     assert all(f.endswith(" s") for f in facts), facts  # each node's elapsed time
-    texts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".node pre")]
+    texts = _texts(browser, ".node pre")
     assert "My helper reported" in texts[0] and texts[2].startswith("The clock says")
     browser.save_screenshot(str(tmp_path / "tree.png"))
     _wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")) == 3)
-    rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")]
+    rows = _texts(browser, "#sessions tbody tr")
     assert rows[0].startswith("demo default idle 1") and rows[2].startswith("sub-sub-demo-1-1")
 
     # A family that runs until cancelled from the page.
