@@ -55,11 +55,17 @@ class SlotTable:
         for name, ids in self._pools.items():
             if not ids:
                 raise ValueError(f"slot pool {name!r} has no slots")
-        self._pool_sets = {name: frozenset(ids) for name, ids in self._pools.items()}
-        # Slots neither busy nor cooling, and the same as a heap of (last use, slot) for the
-        # least recently used pick (with entries left behind by slots taken since, skipped):
-        # a pool may have hundreds of slots, and a pick must not look at each of them.
+        # Slots neither busy nor cooling: all of them, each pool's own (kept as slots are taken
+        # and freed, so that a pick never intersects two sets of hundreds), and a heap of
+        # (last use, slot) for the least recently used pick (with entries left behind by slots
+        # taken since, skipped): a pool may have hundreds of slots, and a pick must not look at
+        # each of them.
         self._idle: set[int] = {slot for ids in self._pools.values() for slot in ids}
+        self._idle_in: dict[str, set[int]] = {name: set(ids) for name, ids in self._pools.items()}
+        self._pools_of: dict[int, tuple[set[int], ...]] = {slot: () for slot in self._idle}
+        for free in self._idle_in.values():
+            for slot in free:
+                self._pools_of[slot] += (free,)
         self._lru: list[tuple[int, int]] = [(0, slot) for slot in sorted(self._idle)]
         self._busy: dict[int, Hashable] = {}
         self._cooling: dict[int, float] = {}
@@ -143,11 +149,10 @@ class SlotTable:
     # Inside.
 
     def _pick(self, waiter: _Waiter) -> int | None:
-        ids = self._pool_sets[waiter.pool]
-        if waiter.preferred in ids and waiter.preferred in self._idle:
+        free = self._idle_in[waiter.pool]
+        if waiter.preferred in free:
             return waiter.preferred
         # The least recently used free slot of the pool (never used first, lowest id first).
-        free = self._idle & ids  # as long as the smaller of the two
         if len(free) <= _FEW:
             return min(free, key=self._age) if free else None
         # Many free: the heap, rather than a look at each. The caller takes what this
@@ -158,7 +163,7 @@ class SlotTable:
             use, slot = heapq.heappop(self._lru)
             if slot not in self._idle or self._last_use.get(slot, 0) != use:
                 continue  # taken since this entry was made
-            if slot in ids:
+            if slot in free:
                 found = slot
                 break
             other_pools.append((use, slot))
@@ -171,10 +176,14 @@ class SlotTable:
 
     def _make_idle(self, slot: int) -> None:
         self._idle.add(slot)
+        for free in self._pools_of[slot]:
+            free.add(slot)
         heapq.heappush(self._lru, (self._last_use.get(slot, 0), slot))
 
     def _take(self, slot: int, ticket: Hashable) -> None:
         self._idle.discard(slot)
+        for free in self._pools_of[slot]:
+            free.discard(slot)
         self._busy[slot] = ticket
         self._last_use[slot] = next(self._uses)
 
