@@ -12,7 +12,9 @@ their range).
 Measured:
 - one plain turn (one request) on a tmpfs home and on a disk home, against ``httpx.Client``;
   SQLite's own commit (WAL, ``synchronous=FULL``, the store's settings) in the same folder, so
-  the disk figure reads as loopd / (request + commit);
+  the disk figure reads as loopd / (request + commit), and again as loopd / (request + two
+  commits): the contract's own floor, since the user's message is durable before the request
+  and the answer before the outcome is told;
 - a turn with one child (three requests) against the same three requests sent in a row;
 - the model clients alone, one request at a time and 256 at once from one loop: loopd's
   ``HttpChatModel`` and the candidates (``httpx.AsyncClient``, ``aiohttp``);
@@ -427,6 +429,11 @@ def main() -> None:
     print(
         f"| one plain turn, disk home | {seq['disk1'].ms()} | + one SQLite commit "
         f"{commit.ms()} | {ratio(seq['disk1'], d1, commit)} |"
+    )
+    print(
+        f"| the same, against the contract's floor | | + two SQLite commits (the message "
+        f"before the request, the answer before the outcome) | "
+        f"{ratio(seq['disk1'], d1, commit, commit)} |"
     )
     print(
         f"| a turn with one child (3 requests), tmpfs | {seq['tmp3'].ms()} | 3 requests: "
