@@ -1,0 +1,205 @@
+"""The kill loop: SIGKILL a loopd process at random instants, restart it, check what it promised.
+
+    python tests/killloop/killloop.py [--iterations N] [--seed S] [--home DIR]
+
+Each iteration starts ``killloop_driver.py work`` on one home with a new seed and kills it with
+SIGKILL, either at a random instant (0.05 to 1.5 s into its work) or right after a chosen thing
+was told (the k-th model answer, tool result, decision, child's end, turn start or approval
+request: the driver prints each journal line once it is durable). Then ``killloop_driver.py
+settle`` starts on the same home, decides what waits for a person, waits until every family is
+idle and stops. Then the store, the two journals and the side-effect log are checked
+(``killloop_check``). The seed of every iteration derives from the loop's seed, so a failing
+iteration is repeated by its one-line repro (the kill instant still depends on timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from killloop_check import (  # noqa: E402
+    GUARANTEES,
+    StoreView,
+    Violation,
+    check_iteration,
+    read_journal,
+)
+
+DRIVER = HERE / "killloop_driver.py"
+CHOSEN = (
+    "event ModelAnswered",
+    "event ToolCallFinished",
+    "decision ApprovalSettled",
+    "event SubagentFinished",
+    "event TurnStarted",
+    "event ApprovalRequested",
+    "outcome TurnCompleted",
+    "event Compacted",
+)
+START_WAIT_S = 60.0
+SETTLE_S = 90.0
+
+
+@dataclass
+class Tally:
+    """The loop's figures."""
+
+    iterations: int = 0
+    kill_points: Counter[str] = field(default_factory=Counter)
+    violations: list[tuple[int, int, Violation]] = field(default_factory=list)
+    told: Counter[str] = field(default_factory=Counter)
+
+    def by_guarantee(self) -> dict[str, tuple[int, int]]:
+        """guarantee -> (iterations that broke it, cases)."""
+        out = {}
+        for g in GUARANTEES:
+            cases = [(i, v) for i, _, v in self.violations if v.guarantee == g]
+            out[g] = (len({i for i, _ in cases}), len(cases))
+        return out
+
+
+class Process:
+    """One driver process; a thread reads the kinds of what it journals."""
+
+    def __init__(self, args: list[str], stderr: Path) -> None:
+        with stderr.open("ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(DRIVER), *args],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.eof = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.strip())
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def wait_for(self, kind: str, count: int, timeout: float) -> bool:
+        """Block until the ``count``-th line of ``kind`` was journalled (or exit, or timeout)."""
+        with self.cond:
+            return self.cond.wait_for(
+                lambda: sum(1 for x in self.lines if x.startswith(kind)) >= count or self.eof,
+                timeout,
+            ) and not self.eof
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.reader.join(timeout=30)
+
+
+def run(iterations: int, seed: int, home_root: Path, out=sys.stdout) -> Tally:
+    """The loop; returns its tally. Prints one line per iteration that broke a guarantee."""
+    rng = random.Random(seed)
+    home, journal_dir = home_root / "home", home_root / "journals"
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    effects = home_root / "effects.log"
+    stderr = home_root / "driver.stderr"
+    tally = Tally()
+    for i in range(1, iterations + 1):
+        work_seed = rng.randrange(1 << 30)
+        work_j, settle_j = journal_dir / f"{i}-work.jsonl", journal_dir / f"{i}-settle.jsonl"
+        worker = Process(
+            ["work", str(home), str(work_j), str(effects), str(work_seed), "120"], stderr
+        )
+        try:
+            if not worker.wait_for("started", 1, START_WAIT_S):
+                raise RuntimeError(f"iteration {i}: the work run did not start; see {stderr}")
+            if rng.random() < 0.5:
+                point = "random instant"
+                threading.Event().wait(rng.uniform(0.05, 1.5))
+            else:
+                kind, k = rng.choice(CHOSEN), rng.randint(1, 6)
+                point = f"after {kind.split()[1]}"
+                if not worker.wait_for(kind, k, 5.0):
+                    point = "random instant (chosen event not reached)"
+        finally:
+            worker.kill()
+        tally.kill_points[point] += 1
+        settler = Process(
+            ["settle", str(home), str(settle_j), str(effects), str(work_seed + 1), "60"], stderr
+        )
+        try:
+            settler.proc.wait(timeout=SETTLE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            settler.kill()
+        work, settle = read_journal(work_j), read_journal(settle_j)
+        settled = any(line["kind"] == "settled" for line in settle)
+        tally.told.update(line["tag"] for line in work if line["kind"] in ("event", "decision"))
+        effect_lines = read_journal(effects)
+        found = check_iteration(work, settle, effect_lines, StoreView(home / "loopd.db"), settled)
+        tally.iterations += 1
+        for v in found:
+            tally.violations.append((i, work_seed, v))
+        if found:
+            print(
+                f"iteration {i} (work seed {work_seed}, killed {point}): {len(found)} "
+                f"violation(s); first: {found[0]}",
+                file=out,
+                flush=True,
+            )
+    return tally
+
+
+def report(tally: Tally, seed: int, elapsed: float) -> str:
+    rows = [
+        f"kill loop, seed {seed}: {tally.iterations} iterations in {elapsed:.0f} s",
+        "kill points: " + ", ".join(f"{n} {p}" for p, n in tally.kill_points.most_common()),
+        "| guarantee | iterations that broke it | cases |",
+        "| --- | --- | --- |",
+    ]
+    for g, (its, cases) in tally.by_guarantee().items():
+        rows.append(f"| {g} | {its} of {tally.iterations} | {cases} |")
+    if tally.violations:
+        i, work_seed, v = tally.violations[0]
+        rows.append(
+            f"first violation: iteration {i}: {v}\nrepro: python tests/killloop/killloop.py "
+            f"--seed {seed} --iterations {i}"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--home", type=Path, default=None)
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    root = args.home or Path(tempfile.mkdtemp(prefix="killloop-"))
+    started = time.monotonic()
+    tally = run(args.iterations, seed, root)
+    print(report(tally, seed, time.monotonic() - started))
+    print(f"home, journals and logs kept in {root}")
+    return 1 if tally.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The kill loop's checks: the store after a kill and a settling start, against what was told.
+
+Each check reads three things: the journal of the killed run (every event, outcome and decision
+the process was told, written before it acted on it), the journal of the settling run that
+followed on the same home, and the store as the settling run left it; the side-effect log is
+the fourth. A broken guarantee is a :class:`Violation` with its guarantee's name, so a run can
+count them per guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from actors.stores.base import StoredMessage
+from actors.stores.sqlite import SessionStore
+from messages import DenyReason, denial_message
+
+INTERRUPTED = denial_message(DenyReason.INTERRUPTED)
+DECLINED_PREFIX = "Denied: a person declined this call:"
+
+GUARANTEES = (
+    "nothing told is lost",
+    "at most once",
+    "every turn ended at the next start",
+    "background reports exactly once and right",
+    "transcripts valid",
+    "waiters answered",
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken guarantee, with where and what."""
+
+    guarantee: str
+    session: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.guarantee}] {self.session}: {self.detail}"
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Every whole line of a journal (a line cut off by the kill is not a thing told)."""
+    if not path.exists():
+        return []
+    out = []
+    for raw in path.read_bytes().split(b"\n"):
+        if raw:
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
+    return out
+
+
+def events(lines: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
+    return [line["event"] for line in lines if line["kind"] == "event" and line["tag"] == tag]
+
+
+class StoreView:
+    """The sessions of a home as the store has them, read once per check."""
+
+    def __init__(self, db: Path) -> None:
+        self._db = db
+        self._histories: dict[str, list[StoredMessage]] = {}
+        with SessionStore(db) as store:
+            self.ids = {info.id for info in store.list_sessions()}
+
+    def history(self, session: str) -> list[StoredMessage]:
+        if session not in self._histories:
+            if session not in self.ids:
+                self._histories[session] = []
+            else:
+                with SessionStore(self._db) as store:
+                    self._histories[session] = store.history(session)
+        return self._histories[session]
+
+    def result_of(self, session: str, call_id: int) -> str | None:
+        for stored in self.history(session):
+            m = stored.message
+            if m.role == "tool" and m.tool_call_id == call_id:
+                return m.content or ""
+        return None
+
+
+def check_iteration(
+    work: list[dict[str, Any]],
+    settle: list[dict[str, Any]],
+    effects: list[dict[str, Any]],
+    view: StoreView,
+    settled: bool,
+) -> list[Violation]:
+    """Every guarantee, for what the killed run ``work`` was told and the ``settle`` run did."""
+    found: list[Violation] = []
+
+    def bad(guarantee: str, session: str, detail: str) -> None:
+        found.append(Violation(guarantee, session, detail))
+
+    lost = "nothing told is lost"
+    if not settled:
+        bad("waiters answered", "-", "the settling start did not settle (hung or failed)")
+
+    # A model answer told is stored.
+    for e in events(work, "ModelAnswered"):
+        tools = tuple(e.get("tools") or ())
+        stored = [
+            s.message
+            for s in view.history(e["session"])
+            if s.message.role == "assistant"
+            and s.message.content == e["content"]
+            and tuple(c.name for c in s.message.tool_calls) == tools
+        ]
+        if not stored:
+            bad(lost, e["session"], f"ModelAnswered step {e['step']} told, answer not stored")
+
+    # A result told is stored, and is the result told (not the interrupted denial).
+    completed_children = {
+        (e["session"], e["call_id"]): e["child"]
+        for e in events(work, "SubagentFinished")
+        if e["completed"]
+    }
+    background = {e["child"] for e in events(work + settle, "SubagentStarted") if e["background"]}
+    for e in events(work, "ToolCallFinished"):
+        result = view.result_of(e["session"], e["call_id"])
+        if result is None:
+            bad(lost, e["session"], f"ToolCallFinished of call {e['call_id']} told, not stored")
+        elif result == INTERRUPTED:
+            bad(lost, e["session"], f"call {e['call_id']} finished and told, stored interrupted")
+    for (session, call_id), child in completed_children.items():
+        if child in background:
+            continue
+        result = view.result_of(session, call_id)
+        if result is not None and not result.startswith(f"{child} completed"):
+            bad(lost, session, f"{child} told completed, parent's call stored {result[:60]!r}")
+
+    # A decision told is stored, never asked again, and the call answered as decided.
+    asked_again = {(e["session"], e["call_id"]) for e in events(settle, "ApprovalRequested")}
+    for line in work:
+        if line["kind"] != "decision" or line["tag"] != "ApprovalSettled":
+            continue
+        d = line["decision"]
+        key = (d["session"], d["call_id"])
+        if key in asked_again:
+            bad(lost, d["session"], f"call {d['call_id']} decided and told, asked again")
+        result = view.result_of(*key)
+        if result is None:
+            continue  # checked below: a waiting call's turn must end or resume
+        if d["approved"] and result.startswith(DECLINED_PREFIX):
+            bad(lost, d["session"], f"call {d['call_id']} approved and told, stored declined")
+        if not d["approved"] and not result.startswith(DECLINED_PREFIX):
+            bad(lost, d["session"], f"call {d['call_id']} declined and told, stored {result!r}")
+
+    # A completed turn told to its caller is stored.
+    for line in work:
+        if line["kind"] == "outcome" and line["completed"]:
+            contents = {s.message.content for s in view.history(line["session"])}
+            calls = {
+                c.arguments
+                for s in view.history(line["session"])
+                for c in s.message.tool_calls
+                if c.name == "final_answer"
+            }
+            answered = line["content"] in contents or any(
+                _same_json(line["content"], a) for a in calls
+            )
+            if not answered:
+                bad(lost, line["session"], f"TurnCompleted told, answer {line['content']!r} lost")
+
+    # At most once: a side effect per call, and none for a declined call.
+    ran = Counter((e["session"], e["call_id"]) for e in effects)
+    for (session, call_id), n in ran.items():
+        if n > 1:
+            bad("at most once", session, f"call {call_id} ran {n} times")
+    for line in work + settle:
+        if line["kind"] == "decision" and line["tag"] == "ApprovalSettled":
+            d = line["decision"]
+            if not d["approved"] and ran[(d["session"], d["call_id"])]:
+                bad("at most once", d["session"], f"call {d['call_id']} declined, and it ran")
+
+    # Every turn started is ended: by the run itself, or at the next start.
+    open_turns: dict[str, int] = defaultdict(int)
+    for line in work:
+        if line["kind"] != "event":
+            continue
+        if line["tag"] == "TurnStarted":
+            open_turns[line["event"]["session"]] += 1
+            if line["event"]["session"] not in view.ids:
+                bad("every turn ended at the next start", line["event"]["session"],
+                    "TurnStarted told, session not stored")
+        elif line["tag"] == "TurnEnded" and open_turns[line["event"]["session"]] > 0:
+            open_turns[line["event"]["session"]] -= 1
+    ended_at_start: Counter[str] = Counter()
+    started_since: set[str] = set()
+    for line in settle:
+        if line["kind"] != "event":
+            continue
+        session = line["event"].get("session")
+        if line["tag"] == "TurnStarted":
+            started_since.add(session)
+        elif line["tag"] == "TurnEnded" and session not in started_since:
+            ended_at_start[session] += 1
+    for session, n in open_turns.items():
+        if n > ended_at_start[session]:
+            bad("every turn ended at the next start", session,
+                f"{n - ended_at_start[session]} turn(s) cut off and never ended")
+
+    # Background children report exactly once, and a told completion reports completed.
+    for child in background:
+        parent = child.removeprefix("sub-").rpartition("-")[0]
+        reports = [
+            s.message.content or ""
+            for s in view.history(parent)
+            if s.message.role == "user"
+            and s.message.name == "subagent"
+            and (s.message.content or "").startswith(f"{child} ")
+        ]
+        if len(reports) != 1:
+            bad("background reports exactly once and right", child, f"{len(reports)} reports")
+        elif (child in completed_children.values()) and not reports[0].startswith(
+            f"{child} completed"
+        ):
+            bad("background reports exactly once and right", child,
+                f"told completed, reported {reports[0][:60]!r}")
+
+    # Transcripts valid, and nothing left open once the home settled.
+    touched = {line["event"].get("session") for line in work + settle if line["kind"] == "event"}
+    for session in sorted(s for s in touched if s):
+        for problem in transcript_problems(view.history(session)):
+            left_open = problem.endswith("after the home settled")
+            bad("every turn ended at the next start" if left_open else "transcripts valid",
+                session, problem)
+    return found
+
+
+def _same_json(a: str | None, b: str) -> bool:
+    try:
+        return a is not None and json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+def transcript_problems(history: list[StoredMessage]) -> list[str]:
+    """Call ids 1, 2, 3...; every tool message answers a call of the assistant message before
+    it, once, in call order; no call left without a result."""
+    problems: list[str] = []
+    used: list[int] = []
+    pending: list[int] = []
+    for s in history:
+        m = s.message
+        if m.role == "tool":
+            if pending and m.tool_call_id == pending[0]:
+                pending.pop(0)
+            else:
+                problems.append(f"message {s.seq} answers call {m.tool_call_id} out of order")
+            continue
+        if pending:
+            problems.append(f"message {s.seq} follows calls {pending} without results")
+            pending = []
+        used.extend(c.id for c in m.tool_calls)
+        pending = [c.id for c in m.tool_calls]
+    if pending:
+        problems.append(f"calls {pending} have no result after the home settled")
+    if used != list(range(1, len(used) + 1)):
+        problems.append(f"call ids are not 1, 2, 3...: {used[:20]}")
+    return problems
