@@ -84,6 +84,7 @@ class Turn(Protocol):
     wait: ApprovalWait
     _calls: list[ToolCall]
     _results: dict[int, ToolResult]
+    _stored: set[int]
     _turn_start: int
 
     @property
@@ -217,10 +218,10 @@ def park(turn: Turn) -> list[Effect] | None:
         return None
     if any(c.id not in turn._results and c.id not in held for c in turn._calls):
         return None
-    results = tuple(
+    results = tuple(  # those not stored yet (a result is stored as it comes)
         ChatMessage(role="tool", content=turn._results[c.id].text, tool_call_id=c.id)
         for c in turn._calls
-        if c.id in turn._results
+        if c.id in turn._results and c.id not in turn._stored
     )
     decided = tuple(c for c in turn.wait.asked if c not in held)  # their results go now
     held.clear()

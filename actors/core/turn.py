@@ -27,16 +27,16 @@ included, without a thread. The rules it keeps:
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import msgspec
 
-from actors.core import approval_steps, output_steps
+from actors.core import approval_steps, compaction_steps, output_steps
 from actors.core.approval_steps import ApprovalWait
 from actors.core.approvals import ApprovalPolicy
+from actors.core.compaction_steps import COMPACT_INSTRUCTION, SUMMARY_PREFIX
 from actors.core.dispatch import (
     REMEMBER,
     SUBAGENT,
@@ -53,18 +53,15 @@ from actors.core.mcp_tools import untrusted_denial
 from actors.core.output import Done, FinalAnswer
 from actors.core.session_state import (
     SessionState,
-    estimate_tokens,
-    fitting_tail,
     repair_results,
     unanswered_text,
 )
 from actors.core.spawn import report_message, spawn_check, subagent_result_text
-from actors.core.text import cap_chars, neutralise
+from actors.core.text import cap_chars
 from actors.core.turn_effects import (
     CallPort,
     CancelModel,
     CancelPort,
-    Compact,
     Effect,
     Emit,
     Finish,
@@ -73,13 +70,12 @@ from actors.core.turn_effects import (
     Spawn,
     WriteMemory,
 )
+from actors.core.turn_effects import TurnPhase as _Phase
 from actors.core.usage import add_usage
 from messages import (
     ApprovalDecision,
     BackgroundReport,
     ChatMessage,
-    Compacted,
-    CompactionFailed,
     DataClass,
     DenyReason,
     FailReason,
@@ -110,22 +106,6 @@ __all__ = [
     "Turn",
 ]
 
-COMPACT_INSTRUCTION = (
-    "Summarise this conversation so far for your own later use: the facts, decisions, open "
-    "questions and results that matter. Answer with the summary only."
-)
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
-
-
-class _Phase(enum.Enum):
-    IDLE = enum.auto()
-    SAVING = enum.auto()  # waiting for a Persist; then ``_after_save`` runs
-    ASKING = enum.auto()  # waiting for the model
-    CALLING = enum.auto()  # waiting for tool results
-    SUMMARISING = enum.auto()  # waiting for the compaction summary
-    COMPACTING = enum.auto()  # waiting for the store to compact
-    DONE = enum.auto()
-
 
 def _stored(usage: Usage) -> Usage | None:
     """What an assistant message stores of its request's usage: nothing when the server said
@@ -150,6 +130,11 @@ class Turn:
     _after_save: Callable[[], list[Effect]] | None = None
     _calls: list[ToolCall] = field(default_factory=list)
     _results: dict[int, ToolResult] = field(default_factory=dict)
+    # Nothing is told before it is durable: events that wait for the next commit of _save,
+    # and the result writes in flight (request id -> what each tells once it is stored).
+    _told: list[Effect] = field(default_factory=list)
+    _result_writes: dict[int, list[Effect]] = field(default_factory=dict)
+    _stored: set[int] = field(default_factory=set)  # calls whose result is stored or storing
     _summary: ChatMessage | None = None
     _finished: bool = False
     _turn_start: int = 0  # index of this turn's user message in the transcript
@@ -243,13 +228,16 @@ class Turn:
 
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
+        told = self._result_writes.pop(request_id, None)
+        if told is not None:  # a result is durable: tell it, and go on once all are
+            return [*told, *self._maybe_continue()] if self.phase is _Phase.CALLING else told
         if request_id in self.wait.storing:
             return approval_steps.stored(self, request_id)
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
         if self.phase is _Phase.COMPACTING:
-            return self._compacted()
+            return compaction_steps.compacted(self)
         if self.phase is not _Phase.SAVING or self._after_save is None:
             return []
         after, self._after_save = self._after_save, None
@@ -261,13 +249,18 @@ class Turn:
         """The store could not do ``request_id``; the turn fails with ``reason`` (a new
         child's first write can also find its id taken, ``spawn_error``, or run elsewhere,
         ``busy``)."""
+        if self._result_writes.pop(request_id, None) is not None:
+            if self.done or self.outcome is not None:
+                return []
+            failed = TurnFailed(self.state.id, reason, detail)
+            return [*self._stop_work(), *self.finish_turn(failed)]
         if request_id in self.wait.storing:
             return approval_steps.not_stored(self, request_id, detail)
         if request_id != self._waiting_for:
             return []
         self._waiting_for = None
         if self.phase is _Phase.COMPACTING:
-            return self._compaction_failed(f"the store could not compact: {detail}")
+            return compaction_steps.failed(self, f"the store could not compact: {detail}")
         return self.finish_turn(TurnFailed(self.state.id, reason, detail))
 
     def model_answer(self, answer: ModelAnswer) -> list[Effect]:
@@ -282,15 +275,16 @@ class Turn:
         if self.phase is _Phase.SUMMARISING:
             if answer.tool_calls or not (answer.content or "").strip():
                 got = "tool calls" if answer.tool_calls else "no text"
-                return self._compaction_failed(f"the summary request was answered with {got}")
-            return self._summarised(answer.content or "")
+                return compaction_steps.failed(self, f"the summary request was answered with {got}")
+            return compaction_steps.summarised(self, answer.content or "")
         if self.phase is not _Phase.ASKING:
             return []
         if answer.usage.prompt_tokens > 0:
             self.state.known_tokens = answer.usage.prompt_tokens
             self.state.known_messages = self._asked_len
         names = tuple(call.name for call in answer.tool_calls)
-        effects: list[Effect] = [
+        # Told once the answer is stored (the next _save's commit), never before.
+        self._told.append(
             Emit(
                 ModelAnswered(
                     session=self.state.id,
@@ -302,11 +296,13 @@ class Turn:
                     usage=answer.usage,
                 )
             )
-        ]
+        )
+        effects: list[Effect] = []
         if not answer.tool_calls:
             content = answer.content or ""
             if answer.truncated and not self.limits.keep_truncated:
                 # Not stored: the next turn should not read a half answer as said.
+                effects, self._told = self._told, []
                 return effects + self.finish_turn(
                     TurnFailed(self.state.id, FailReason.MODEL_ERROR, self._cut_off_detail())
                 )
@@ -339,7 +335,7 @@ class Turn:
             return []
         self._waiting_for = None
         if self.phase is _Phase.SUMMARISING:
-            return self._compaction_failed(f"the model could not summarise: {error.detail}")
+            return compaction_steps.failed(self, f"the model could not summarise: {error.detail}")
         if error.over_budget:
             return self.finish_turn(TurnFailed(self.state.id, FailReason.BUDGET, error.detail))
         failed = TurnFailed(self.state.id, FailReason.MODEL_ERROR, error.detail)
@@ -348,7 +344,9 @@ class Turn:
             if error.context_tokens:
                 self.state.context_tokens = error.context_tokens
             self.step -= 1  # the refused request is sent again, as the same step
-            return self._compact_in_turn(self._send, lambda _detail: self.finish_turn(failed))
+            return compaction_steps.compact_in_turn(
+                self, self._send, lambda _detail: self.finish_turn(failed)
+            )
         return self.finish_turn(failed)
 
     def tool_result(self, result: ToolResult, cap: int | None = None) -> list[Effect]:
@@ -366,7 +364,7 @@ class Turn:
         finished = ToolCallFinished(
             session=self.state.id, call_id=call.id, name=call.name, denied=result.denied
         )
-        return [Emit(finished), *self._maybe_continue()]
+        return self._store_results((call.id,), [Emit(finished)])
 
     def subagent_result(self, result: SubagentResult) -> list[Effect]:
         """A child answered the ``subagent`` call ``result.call_id``; what it spent is added to
@@ -412,17 +410,15 @@ class Turn:
         kept = approval_steps.kept(self, keep) if park and self.phase is _Phase.CALLING else set()
         effects += approval_steps.dropped(self, park)
         if self.phase is _Phase.CALLING:
-            # Results that arrived are kept; only the missing ones are made up.
+            # Results that arrived are stored already; only the missing ones are made up.
             repairs = tuple(
                 ChatMessage(
                     role="tool",
-                    content=self._results[c.id].text
-                    if c.id in self._results
-                    else unanswered_text(self.state, self.registry, c, now),
+                    content=unanswered_text(self.state, self.registry, c, now),
                     tool_call_id=c.id,
                 )
                 for c in self._calls
-                if c.id not in kept
+                if c.id not in kept and c.id not in self._stored
             )
         else:
             repairs = repair_results(self.state, self.registry, now)
@@ -470,8 +466,23 @@ class Turn:
     ) -> list[Effect]:
         self.state.extend(messages)
         self.phase = _Phase.SAVING
-        self._after_save = then
+        told, self._told = self._told, []
+        self._after_save = (lambda: [*told, *then()]) if told else then
         return [Persist(self._next_id(), messages, reports)]
+
+    def _store_results(self, call_ids: Sequence[int], told: list[Effect]) -> list[Effect]:
+        """Store the results of ``call_ids`` now, each as it comes (the model still reads an
+        answer's results in call order: :func:`approval_steps.call_ordered`); ``told`` is told
+        once they are durable, and the turn goes on once every result is."""
+        messages = tuple(
+            ChatMessage(role="tool", content=self._results[i].text, tool_call_id=i)
+            for i in call_ids
+        )
+        self.state.extend(messages)
+        self._stored.update(call_ids)
+        request_id = next(self.ids)
+        self._result_writes[request_id] = told
+        return [Persist(request_id, messages)]
 
     def _number(self, proposed: ProposedCall) -> ToolCall:
         """The next call id for ``proposed``; arguments a server could not parse are kept aside."""
@@ -499,7 +510,7 @@ class Turn:
         # Only the history before this turn can be summarised; once per turn is enough.
         if not self._compacted_early and self._turn_start > 0 and self._over_context():
             self._compacted_early = True
-            return self._compact_in_turn(self._send, lambda _detail: self._send())
+            return compaction_steps.compact_in_turn(self, self._send, lambda _detail: self._send())
         return self._send()
 
     def _send(self) -> list[Effect]:
@@ -523,6 +534,7 @@ class Turn:
         effects: list[Effect] = []
         now = self.clock()
         spawned = 0
+        answered: list[tuple[int, Effect]] = []
         for call in self._calls if calls is None else calls:
             effects.append(
                 Emit(ToolCallStarted(session=self.state.id, call_id=call.id, name=call.name))
@@ -560,22 +572,24 @@ class Turn:
             finished = ToolCallFinished(
                 session=self.state.id, call_id=call.id, name=call.name, denied=route.denied
             )
-            effects.append(Emit(finished))
+            answered.append((call.id, Emit(finished)))
+        if answered:  # the calls answered here are stored together, then told
+            effects += self._store_results([i for i, _ in answered], [e for _, e in answered])
         return effects + self._maybe_continue()
 
     def _maybe_continue(self) -> list[Effect]:
-        if len(self._results) < len(self._calls):
+        # Results made up before dispatch (a resumed turn's) are stored like any other.
+        unstored = [c.id for c in self._calls if c.id in self._results and c.id not in self._stored]
+        if unstored:
+            return self._store_results(unstored, [])
+        if len(self._results) < len(self._calls) or self._result_writes:
             return []
-        messages = tuple(
-            ChatMessage(role="tool", content=self._results[c.id].text, tool_call_id=c.id)
-            for c in self._calls
-        )
-        self._calls, self._results = [], {}
+        self._calls, self._results, self._stored = [], {}, set()
         output = self.output
         then = (
             self._ask if output is None else output_steps.after_final_answer(self, output.settle())
         )
-        return self._save(messages, then) + approval_steps.settled_effects(self)
+        return then() + approval_steps.settled_effects(self)
 
     def _refuse_at_limit(self, assistant: ChatMessage) -> list[Effect]:
         detail = f"loop.max_steps is {self.limits.max_steps}"
@@ -609,33 +623,8 @@ class Turn:
             self._keep = ()
             self._after_compact = self._finish
             self._if_not_compacted = lambda _detail: self._finish()
-            return [*effects, *self._summarise(self.state.transcript)]
+            return [*effects, *compaction_steps.summarise(self, self.state.transcript)]
         return [*effects, *self._finish()]
-
-    def _compact_in_turn(
-        self,
-        then: Callable[[], list[Effect]],
-        otherwise: Callable[[str], list[Effect]],
-    ) -> list[Effect]:
-        """Summarise the history before this turn, keep this turn's messages after the summary,
-        then go on with ``then``; if the summary fails, ``otherwise(detail)``."""
-        history = self.state.transcript[: self._turn_start]
-        self._keep = tuple(self.state.transcript[self._turn_start :])
-        self._after_compact, self._if_not_compacted = then, otherwise
-        return self._summarise(history)
-
-    def _summarise(self, history: list[ChatMessage]) -> list[Effect]:
-        """Ask the model to summarise ``history``: as much of its end as fits the context."""
-        self.phase = _Phase.SUMMARISING
-        instruction = ChatMessage(role="user", content=COMPACT_INSTRUCTION)
-        context = self._context()
-        if context is not None:
-            budget = int(self.limits.threshold_ratio * context) - self.state.baseline_tokens()
-            budget -= estimate_tokens(len(COMPACT_INSTRUCTION), 1)
-            history = fitting_tail(history, budget)
-        system = ChatMessage(role="system", content=self.state.baseline.system)
-        messages = (system, *history, instruction)
-        return [self._request(messages)]
 
     def _finish(self) -> list[Effect]:
         assert self.outcome is not None
@@ -656,30 +645,3 @@ class Turn:
                 session=self.state.id, completed=False, reason=outcome.reason, detail=outcome.detail
             )
         return [Emit(event)]
-
-    def _summarised(self, content: str) -> list[Effect]:
-        text = SUMMARY_PREFIX + cap_chars(neutralise(content), self.limits.summary_chars)
-        self._summary = ChatMessage(role="user", content=text)
-        self.phase = _Phase.COMPACTING
-        return [Compact(self._next_id(), self._summary)]
-
-    def _compacted(self) -> list[Effect]:
-        assert self._summary is not None and self._after_compact is not None
-        before = self.state.transcript_chars()
-        self.state.replace([self._summary])
-        self.state.forget_counts()
-        self._turn_start = 1
-        then, self._after_compact = self._after_compact, None
-        keep, self._keep = self._keep, ()
-        # The store's compaction keeps only the summary: this turn's messages go after it again.
-        effects = self._save(keep, then) if keep else then()
-        after = self.state.transcript_chars()
-        compacted = Compacted(session=self.state.id, before=before, after=after)
-        return [Emit(compacted), *effects]
-
-    def _compaction_failed(self, detail: str) -> list[Effect]:
-        assert self._if_not_compacted is not None
-        failed = CompactionFailed(session=self.state.id, detail=detail)
-        otherwise, self._if_not_compacted = self._if_not_compacted, None
-        self._keep, self._after_compact = (), None
-        return [Emit(failed), *otherwise(detail)]

@@ -8,6 +8,7 @@ shell must know, without the rules that produce it.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from messages import ChatMessage, StoredApproval, TurnEvent, TurnOutcome
@@ -27,8 +28,21 @@ __all__ = [
     "Persist",
     "RequestModel",
     "Spawn",
+    "TurnPhase",
     "WriteMemory",
 ]
+
+
+class TurnPhase(enum.Enum):
+    """What a turn waits for now (the machine's own state, shared with its step modules)."""
+
+    IDLE = enum.auto()
+    SAVING = enum.auto()  # waiting for a Persist; then the turn's ``_after_save`` runs
+    ASKING = enum.auto()  # waiting for the model
+    CALLING = enum.auto()  # waiting for tool results
+    SUMMARISING = enum.auto()  # waiting for the compaction summary
+    COMPACTING = enum.auto()  # waiting for the store to compact
+    DONE = enum.auto()
 
 
 @dataclass(frozen=True)

@@ -56,10 +56,12 @@ def test_a_stop_keeps_the_subagent_call_of_a_waiting_child_open() -> None:
     proposed = (ProposedCall("lookup", "{}"), ProposedCall("subagent", '{"task": "t"}'))
     effects = turn.model_answer(ModelAnswer("mm-thread", request.request_id, None, proposed))
     turn.persisted(one(effects, Persist).request_id)
-    turn.tool_result(ToolResult(1, "found"))
-    effects = turn.cancel(FailReason.CANCELLED, "the runtime stopped", park=True, keep=(2,))
-    saved = one(effects, Persist)
+    # The sibling's result is stored as it comes, while the child still runs.
+    saved = one(turn.tool_result(ToolResult(1, "found")), Persist)
     assert saved.messages == (ChatMessage(role="tool", content="found", tool_call_id=1),)
+    turn.persisted(saved.request_id)
+    effects = turn.cancel(FailReason.CANCELLED, "the runtime stopped", park=True, keep=(2,))
+    assert only(effects, Persist) == []  # nothing more to store: the child's call stays open
     assert not [e for e in only(effects, Emit) if isinstance(e.event, TurnEnded)]
     assert one(effects, Finish).outcome.reason is FailReason.CANCELLED
 

@@ -133,16 +133,23 @@ def test_results_go_back_in_call_order_whatever_finished_first() -> None:
     effects = turn.model_answer(
         answer(first, None, ("lookup", "{}"), ("lookup", "{}"), ("clock", "{}"))
     )
-    turn.persisted(one(effects, Persist).request_id)
-    assert turn.tool_result(ToolResult(2, "second")) != []
+    # Each result is stored as it comes (the clock's at once), and told only once it is.
+    clock = one(turn.persisted(one(effects, Persist).request_id), Persist)
+    assert [(m.tool_call_id, m.content) for m in clock.messages] == [(3, "2026-11-29T23:59:01Z")]
+    told = turn.persisted(clock.request_id)
+    assert [e.event.call_id for e in only(told, Emit)] == [3] and not only(told, RequestModel)
+    saved = one(turn.tool_result(ToolResult(2, "second")), Persist)
+    assert saved.messages == (ChatMessage(role="tool", content="second", tool_call_id=2),)
+    assert not only(turn.persisted(saved.request_id), RequestModel)
     effects = turn.tool_result(ToolResult(1, "first"))
-    saved = one(effects, Persist)
-    assert [(m.tool_call_id, m.content) for m in saved.messages] == [
+    assert not only(effects, Emit)  # not told before it is durable
+    second = one(turn.persisted(one(effects, Persist).request_id), RequestModel)
+    # The model reads them in call order, whatever finished first.
+    assert [(m.tool_call_id, m.content) for m in second.messages[-3:]] == [
         (1, "first"),
         (2, "second"),
         (3, "2026-11-29T23:59:01Z"),
     ]
-    second = one(turn.persisted(saved.request_id), RequestModel)
     # The prompt prefix is only ever extended: the next request starts with the last one.
     assert second.messages[: len(first.messages)] == first.messages
 
@@ -314,12 +321,12 @@ def test_cancel_keeps_results_that_arrived_and_answers_the_rest() -> None:
         turn.model_answer(answer(request, None, ("lookup", "{}"), ("lookup", "{}"))), Persist
     )
     turn.persisted(saved.request_id)
-    turn.tool_result(ToolResult(2, "second arrived"))
+    arrived = one(turn.tool_result(ToolResult(2, "second arrived")), Persist).messages
+    assert [(m.tool_call_id, m.content) for m in arrived] == [(2, "second arrived")]
     effects = turn.cancel(FailReason.CANCELLED, "by the user")
-    stored = one(effects, Persist).messages
+    stored = one(effects, Persist).messages  # only the call without a result is made up
     assert [(m.tool_call_id, m.content) for m in stored] == [
         (1, "Denied: the turn ended before this call returned a result."),
-        (2, "second arrived"),
     ]
 
 
@@ -388,9 +395,10 @@ def test_a_request_asks_for_the_slot_of_the_last_answer() -> None:
     assert (first.slot, first.prefer_slot) == (5, False)  # nothing cached there yet
     got = ModelAnswer("mm-thread", first.request_id, None, (ProposedCall("lookup", "{}"),), 2, 0.5)
     effects = turn.model_answer(got)
+    assert not only(effects, Emit)  # told once the answer is stored
+    effects = turn.persisted(one(effects, Persist).request_id)
     answered = [e.event for e in only(effects, Emit) if isinstance(e.event, ModelAnswered)]
     assert [(a.slot, a.slot_wait_s) for a in answered] == [(2, 0.5)]
-    turn.persisted(one(effects, Persist).request_id)
     second = persist_and_ask(turn, turn.tool_result(ToolResult(1, "x")))
     assert (second.slot, second.prefer_slot) == (2, True)
     assert state.to_record().slot == 2

@@ -107,11 +107,13 @@ def test_arguments_that_are_not_json_are_stored_as_an_object_and_denied_as_writt
     # A port tool gets the text as the model wrote it (the port tells the model what is wrong).
     port_call = one(dispatched, CallPort)
     assert port_call.arguments == "[1]"
-    results = turn.tool_result(ToolResult(port_call.call_id, "port: not an object"))
-    tool_messages = one(results, Persist).messages
-    assert tool_messages[0].content == denial_message(
+    # The subagent call's denial is stored at once; the port's result when it comes.
+    denied = one(dispatched, Persist).messages
+    assert denied[0].content == denial_message(
         DenyReason.INVALID_ARGUMENTS, "arguments must be a JSON object"
     )
+    results = turn.tool_result(ToolResult(port_call.call_id, "port: not an object"))
+    assert one(results, Persist).messages[0].content == "port: not an object"
     assert stored.tool_calls[0].as_written == '{"task": "look'
 
 
@@ -149,10 +151,11 @@ def test_a_cut_off_tool_call_is_never_run_and_the_model_is_told() -> None:
     assert one(dispatched, Persist).messages[0].content == denial_message(
         DenyReason.INVALID_ARGUMENTS, detail
     )
-    finished = [e.event for e in only(dispatched, Emit) if isinstance(e.event, ToolCallFinished)]
+    # Told once stored; the turn goes on: the model may try a shorter call.
+    after = saved(turn, dispatched)
+    finished = [e.event for e in only(after, Emit) if isinstance(e.event, ToolCallFinished)]
     assert [event.denied for event in finished] == [True]
-    # The turn goes on: the model may try a shorter call.
-    request = one(saved(turn, dispatched), RequestModel)
+    request = one(after, RequestModel)
     finish = one(saved(turn, turn.model_answer(reply(request, "done"))), Finish)
     assert finish.outcome == TurnCompleted("mm-thread", "done")
 

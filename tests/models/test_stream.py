@@ -25,6 +25,7 @@ from messages import (
     TextDelta,
     ToolCallStarted,
     TurnCompleted,
+    TurnEnded,
     TurnFailed,
     TurnStarted,
     Usage,
@@ -140,8 +141,17 @@ def test_answers_and_children_stream_as_text_deltas(chat_server, loopd_runtime, 
     server = chat_server(script)
     rt = loopd_runtime(config=streaming(loopd_config, server.base_url))
     seen: list[Any] = []
-    rt.subscribe(seen.append)
+    ended = threading.Event()
+
+    def see(event: Any) -> None:
+        seen.append(event)
+        if isinstance(event, TurnEnded) and event.session == "mm":
+            ended.set()
+
+    rt.subscribe(see)
     outcome = rt.run_turn("mm", "go", timeout=WAIT)
+    # The bus may hand on the turn's last events just after the caller has its answer.
+    assert ended.wait(WAIT)
     assert outcome == TurnCompleted(
         "mm",
         "The child wrote: it is done.",
