@@ -22,6 +22,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from actors.core.approvals import check_call_id, decision_text
 from actors.core.config import Config, check_wait
 from actors.core.mcp_config import McpServerConfig
 from actors.core.output import decoded
@@ -303,15 +304,22 @@ class AsyncRuntime:
     async def approve(
         self, session: str, call_id: int, note: str | None = None, timeout: float = 10.0
     ) -> ApprovalSettled | ApprovalRefused:
-        """Say yes to a waiting call (see :meth:`Runtime.approve`)."""
+        """Say yes to a waiting call (see :meth:`Runtime.approve`: the same checks, made here
+        before anything is told)."""
         check_session_id(session)
+        check_call_id(call_id)
+        if note is not None:
+            decision_text(note, "the note")
         return await asyncio.to_thread(self.runtime.approve, session, call_id, note, timeout)
 
     async def deny(
         self, session: str, call_id: int, reason: str, timeout: float = 10.0
     ) -> ApprovalSettled | ApprovalRefused:
-        """Say no to a waiting call (see :meth:`Runtime.deny`)."""
+        """Say no to a waiting call (see :meth:`Runtime.deny`: the same checks, made here
+        before anything is told)."""
         check_session_id(session)
+        check_call_id(call_id)
+        decision_text(reason, "the reason")
         return await asyncio.to_thread(self.runtime.deny, session, call_id, reason, timeout)
 
     async def events(self, session: str | None = None) -> AsyncIterator[TurnEvent]:

@@ -31,6 +31,8 @@ from actors.core.approvals import (
     ApprovalBook,
     ArmApprovalTimer,
     CancelApprovalTimer,
+    check_call_id,
+    decision_text,
     past_deadline_detail,
     timeout_reason,
 )
@@ -289,12 +291,34 @@ class ApprovalDesk:
     # Decisions.
 
     def approve(self, msg: ApproveCall) -> Effects:
-        """A person said yes."""
-        return self._settle(msg.session, msg.call_id, True, msg.note or "", msg.reply_to)
+        """A person said yes (a note kept with the decision)."""
+        note = "" if msg.note is None else msg.note
+        return self._decided(msg.session, msg.call_id, True, note, "the note", msg.reply_to)
 
     def deny(self, msg: DenyCall) -> Effects:
-        """A person said no."""
-        return self._settle(msg.session, msg.call_id, False, msg.reason, msg.reply_to)
+        """A person said no, for a reason the model reads."""
+        return self._decided(
+            msg.session, msg.call_id, False, msg.reason, "the reason", msg.reply_to
+        )
+
+    def _decided(
+        self,
+        session: str,
+        call_id: int,
+        approved: bool,
+        text: object,
+        what: str,
+        reply_to: str | None,
+    ) -> Effects:
+        """A decision as it was told (the facades check the same before they tell it): a
+        call id that is no int, or a reason or note no door would take, changes nothing and is
+        answered ``ApprovalRefused`` naming it; the text is neutralised and settles the call."""
+        try:
+            check_call_id(call_id)
+            clean = decision_text(text, what)
+        except (TypeError, ValueError) as exc:
+            return self._reply(reply_to, ApprovalRefused(session, call_id, str(exc)))
+        return self._settle(session, call_id, approved, clean, reply_to)
 
     def timed_out(self, msg: ApprovalTimedOut) -> Effects:
         """Nobody decided within ``approvals.timeout_s``: the call is declined."""

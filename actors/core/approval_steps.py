@@ -23,11 +23,21 @@ from datetime import datetime
 from typing import Protocol
 
 from actors.core.approvals import ApprovalPolicy, declined_text, stored_approval
-from actors.core.dispatch import Registry
+from actors.core.dispatch import (
+    CALL_TOOL,
+    CLOCK,
+    Answered,
+    ArgumentError,
+    Registry,
+    Route,
+    clock_text,
+    unwrap_call_tool,
+)
 from actors.core.session_state import SessionState, unanswered_text
 from actors.core.turn_effects import (
     Announce,
     AskApproval,
+    CallPort,
     DropWaiting,
     Effect,
     Emit,
@@ -38,6 +48,7 @@ from actors.core.turn_effects import (
 from messages import (
     ApprovalDecision,
     ChatMessage,
+    DenyReason,
     Resume,
     StoredApproval,
     SubagentResult,
@@ -47,9 +58,19 @@ from messages import (
     TurnCompleted,
     TurnOutcome,
     TurnStarted,
+    denial_message,
 )
 
-__all__ = ["ApprovalWait", "call_ordered", "kept", "open_calls", "park", "resume"]
+__all__ = [
+    "ApprovalWait",
+    "call_ordered",
+    "carry_out",
+    "kept",
+    "open_calls",
+    "park",
+    "resume",
+    "waits_here",
+]
 
 
 @dataclass
@@ -107,7 +128,9 @@ def run_or_wait(
     decision = wait.decided.pop(call.id, None)
     if decision is not None:
         wait.asked.append(call.id)
-        return work if decision.approved else decline(turn, call, decision.reason)
+        if decision.approved:
+            return carry_out(turn, call, work)
+        return decline(turn, call, decision.reason)
     if call.id in wait.rewait:
         wait.rewait.discard(call.id)
         wait.asked.append(call.id)
@@ -116,7 +139,12 @@ def run_or_wait(
     policy = turn.approvals
     routed = tool or call.name
     if policy is None or not (policy.needs(call.name) or policy.needs(routed)):
-        return work
+        return carry_out(turn, call, work)
+    # Checked first: arguments a port tool's schema refuses are denied now, nobody is asked.
+    port = next((w for w in work if isinstance(w, CallPort)), None)
+    problem = None if port is None else policy.check(port.name, port.arguments)
+    if problem is not None:
+        return deny_now(turn, call, denial_message(DenyReason.INVALID_ARGUMENTS, problem))
     # The request shows the call as the model wrote it (``call_tool`` and its inner call).
     entry = stored_approval(
         turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s
@@ -131,12 +159,47 @@ def run_or_wait(
     return [AskApproval(request_id, entry, spawns=spawn is not None, background=background)]
 
 
-def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
-    """``call`` answers the DECLINED denial."""
-    text = declined_text(reason)
+def waits_here(turn: Turn, call: ToolCall, route: Route) -> bool:
+    """Whether ``call``, answered here (``route``: the ``clock``, directly or through
+    ``call_tool``), is held for a person instead: its tool needs one (``[approvals] tools =
+    ["clock"]``, ``["*"]``), or a resumed turn carries out or holds again its decision. Only
+    the clock: a denial is never held, and ``final_answer`` is the turn's answer."""
+    if not isinstance(route, Answered) or route.denied:
+        return False
+    name, arguments = call.name, call.as_written
+    if name == CALL_TOOL:
+        try:
+            name, arguments = unwrap_call_tool(arguments)
+        except ArgumentError:
+            return False
+    if name != CLOCK:
+        return False
+    wait, policy = turn.wait, turn.approvals
+    if call.id in wait.decided or call.id in wait.rewait:
+        return True
+    return policy is not None and (policy.needs(call.name) or policy.needs(CLOCK))
+
+
+def carry_out(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
+    """``work`` of a call that runs now; no work: a call answered here (the clock), whose
+    answer is made now, at the time it runs."""
+    if work:
+        return work
+    text = clock_text(turn.clock())
+    turn._results[call.id] = ToolResult(call.id, text)
+    return [Emit(ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name))]
+
+
+def deny_now(turn: Turn, call: ToolCall, text: str) -> list[Effect]:
+    """``call`` answers the denial ``text`` (during the dispatch of its answer)."""
     turn._results[call.id] = ToolResult(call.id, text, denied=True)
     finished = ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name, denied=True)
     return [Emit(finished)]
+
+
+def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
+    """``call`` answers the DECLINED denial (the reason neutralised and capped)."""
+    return deny_now(turn, call, declined_text(reason))
 
 
 def stored(turn: Turn, request_id: int) -> list[Effect]:
@@ -178,7 +241,7 @@ def decided(turn: Turn, decision: ApprovalDecision) -> list[Effect]:
     if work is None or call is None:
         return []
     if decision.approved:
-        return work
+        return work if work else carry_out(turn, call, work) + turn._maybe_continue()
     return decline(turn, call, decision.reason) + turn._maybe_continue()
 
 

@@ -38,6 +38,7 @@ from actors.core import approval_steps, output_steps
 from actors.core.approval_steps import ApprovalWait
 from actors.core.approvals import ApprovalPolicy
 from actors.core.dispatch import (
+    CLOCK,
     REMEMBER,
     SUBAGENT,
     Answered,
@@ -537,6 +538,9 @@ class Turn:
                 denial = untrusted_denial(self.registry.mcp_tool(route.name))
                 route = route if denial is None else Answered(denial, True)
             # A call that passed every check runs now, or waits for a person.
+            if approval_steps.waits_here(self, call, route):  # the clock, listed to wait
+                effects += approval_steps.run_or_wait(self, call, [], CLOCK)
+                continue
             if isinstance(route, ToPort):
                 work: list[Effect] = [CallPort(call.id, route.name, route.arguments)]
                 effects += approval_steps.run_or_wait(self, call, work, route.name)

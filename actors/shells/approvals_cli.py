@@ -21,6 +21,8 @@ from typing import Any
 
 from actors.core.approvals import (
     NOT_WAITING,
+    check_call_id,
+    decision_text,
     dropped_at_start,
     past_deadline,
     shell_refusal,
@@ -136,6 +138,33 @@ def _settle(config: Config, session: str, call_id: int, approved: bool, reason: 
     return 0
 
 
+def _call_id_arg(raw: str) -> int:
+    """The ``CALL_ID`` argument: a whole number from 1 to the largest 64-bit integer
+    (argparse prints the error naming it and exits 2 otherwise)."""
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{raw[:40]!r} is not a call id: a whole number from 1")
+    try:
+        return check_call_id(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _text_arg(what: str) -> Callable[[str], str]:
+    """The ``--reason`` / ``--note`` argument: valid Unicode text (an argument that is not
+    UTF-8 arrives with lone surrogates) of at most ``MAX_DECISION_CHARS`` characters,
+    neutralised; argparse prints the error naming it and exits 2 otherwise."""
+
+    def parse(raw: str) -> str:
+        try:
+            return decision_text(raw, what)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what.removeprefix("the ")  # argparse names the type in some errors
+    return parse
+
+
 def _row(entries: list[StoredApproval], session: str, call_id: int) -> StoredApproval | None:
     """The stored row of ``session``'s call ``call_id``, if any."""
     found = (e for e in entries if (e.request.session, e.request.call_id) == (session, call_id))
@@ -160,9 +189,16 @@ def add_commands(
         p = sub.add_parser(name, help=what + " (on a home no runtime holds)")
         common(p)
         p.add_argument("session", help="the session whose call waits")
-        p.add_argument("call_id", type=int, help="the call's id")
+        p.add_argument("call_id", type=_call_id_arg, help="the call's id")
         if name == "approve":
-            p.add_argument("--note", help="a note kept with the decision")
+            p.add_argument(
+                "--note", type=_text_arg("the note"), help="a note kept with the decision"
+            )
         else:
-            p.add_argument("--reason", required=True, help="why; the model reads it")
+            p.add_argument(
+                "--reason",
+                type=_text_arg("the reason"),
+                required=True,
+                help="why; the model reads it",
+            )
         p.set_defaults(fn=runs(fn))

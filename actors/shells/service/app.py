@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from actors.aio import AsyncRuntime
+from actors.core.approvals import decision_text
 from actors.core.listen import is_loopback
 from actors.core.usage import total_usage
 from actors.shells.service.auth import Gate
@@ -405,12 +406,13 @@ def _decision(data: bytes) -> DecisionBody:
         body = msgspec.convert(_json_object(data), DecisionBody)
     except msgspec.ValidationError as exc:
         raise _Refused(400, f"the body: {exc}") from None
-    try:
-        check_text(body.note, "the note", optional=True)
-        check_text(body.reason, "the reason", optional=True)
+    try:  # the checks of Runtime.approve / deny: valid Unicode, at most MAX_DECISION_CHARS
+        if body.note is not None:
+            decision_text(body.note, "the note")
+        reason = "" if body.reason is None else decision_text(body.reason, "the reason")
     except (TypeError, ValueError) as exc:
         raise _Refused(400, str(exc)) from None
-    if not body.approve and not (body.reason or "").strip():
+    if not body.approve and not reason.strip():  # blank once neutralised is no reason either
         raise _Refused(400, 'a decline needs a "reason" (the model reads it)')
     return body
 
@@ -432,6 +434,8 @@ async def post_decision(request: Request) -> Response:
             answer = await runtime.approve(session, call_id, body.note)
         else:
             answer = await runtime.deny(session, call_id, body.reason or "")
+    except (TypeError, ValueError) as exc:  # what the runtime's own door refuses
+        raise _Refused(400, str(exc)) from None
     except (RuntimeError, TimeoutError) as exc:  # stopped, or the Context did not answer
         raise _Refused(503, f"the service is stopping: {str(exc) or 'no answer in time'}") from None
     return _json(answer, 200 if isinstance(answer, ApprovalSettled) else 409)
