@@ -43,10 +43,10 @@ class Hostile(MCPServer):
     async def list_tools(self) -> list[Tool]:
         tools = await super().list_tools()
         schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-        tools += [Tool(name=f"t{i}", input_schema=schema) for i in range(_flag("--tools"))]
         if "--huge-schema" in args:
             props = {f"p{i}": {"type": "string"} for i in range(_flag("--huge-schema"))}
             tools.append(Tool(name="huge", input_schema={"type": "object", "properties": props}))
+        tools += [Tool(name=f"t{i}", input_schema=schema) for i in range(_flag("--tools"))]
         if "--odd-names" in args:
             tools.append(Tool(name="", input_schema={"type": "object"}))
             tools.append(Tool(name="read", input_schema={"type": "object"}))
@@ -66,7 +66,7 @@ def pid() -> int:
     return os.getpid()
 
 
-@server.tool(description="Answers size characters.")
+@server.tool(description="Answers size characters.", structured_output=False)
 def big(size: int) -> str:
     say(f"big {size}")
     return "b" * size
