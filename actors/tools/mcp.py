@@ -101,14 +101,18 @@ def _describe(block: Any) -> str:
 def result_text(result: types.CallToolResult, cap: int) -> str:
     """The tool text of ``result``: the text contents joined with ``\\n``, other content
     described (``[image/png, 12345 bytes]``), the structured content as JSON when there is no
-    other; ``Error: <text>`` for an ``isError`` result; at most ``cap`` characters."""
+    other; ``Error: <text>`` for an ``isError`` result; at most ``cap`` characters, each lone
+    surrogate replaced by ``?``."""
     parts = [_describe(block) for block in result.content]
     if not parts and result.structured_content is not None:
         parts = [msgspec.json.encode(result.structured_content).decode()]
     text = "\n".join(parts)
     if result.is_error:
         text = f"Error: {text or 'the tool failed'}"
-    return cap_chars(text, cap)
+    text = cap_chars(text, cap)
+    if not text.isascii():  # a lone surrogate (JSON's "\ud800") could be neither stored nor sent
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 # Listing.

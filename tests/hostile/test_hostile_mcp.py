@@ -157,6 +157,16 @@ def test_arguments_nested_5000_deep_are_denied_and_the_session_lives(pairs) -> N
     pair.stop()
 
 
+def test_an_answer_nested_5000_deep_fails_that_call_naming_why(pairs) -> None:
+    pair = pairs()
+    text = pair.text("s", "h__deep")
+    assert text.startswith("Error: the server's answer is not JSON-RPC: "), text
+    assert "recursion limit" in text
+    assert pair.text("s", 'h__read {"path": "z"}') == "contents of z"
+    pair.healthy()
+    pair.stop()
+
+
 # 16: a storm of tools/list_changed is coalesced.
 
 
@@ -270,3 +280,20 @@ def test_an_http_error_status_is_named(tmp_path, status: int, detail: str) -> No
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+# A result's text can always be stored and sent.
+
+
+def test_a_lone_surrogate_in_a_result_is_replaced() -> None:
+    import mcp_types as types
+    import msgspec
+
+    from actors.tools.mcp import result_text
+
+    # The SDK's JSON decoder refuses an escaped lone surrogate (the line is then dropped and
+    # its call fails, naming why); a result built otherwise still never carries one on.
+    result = types.CallToolResult(content=[types.TextContent(type="text", text="a\ud800b")])
+    text = result_text(result, CAP)
+    assert text == "a?b"
+    msgspec.msgpack.encode(text)

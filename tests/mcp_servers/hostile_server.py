@@ -11,12 +11,13 @@ Flags (several may be given):
 
 Tools: ``read`` (answers at once), ``big(size)`` (answers ``size`` characters), ``hang``
 (never answers), ``junk(lines)`` (writes lines that are not JSON on stdout, then answers),
-``storm(seconds)`` (says its list changed as fast as it can, for ``seconds``), ``child`` (starts
+``deep`` (answers itself, raw, with a result nested 5,000 deep), ``storm(seconds)`` (says its list changed as fast as it can, for ``seconds``), ``child`` (starts
 a child process that sleeps, answers its pid), ``pid``. Its stderr says what it does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import Tool
 
 args = sys.argv[1:]
+WIRE = os.dup(1)  # the real stdout: once it serves, the SDK points fd 1 at stderr
 
 
 def _flag(name: str, default: int = 0) -> int:
@@ -82,8 +84,18 @@ async def hang() -> str:
 @server.tool(description="Writes lines that are not JSON on stdout, then answers.")
 async def junk(lines: int) -> str:
     for i in range(lines):  # each line one write, so never inside one of the SDK's messages
-        os.write(1, b"not json %d\n" % i)
+        os.write(WIRE, b"not json %d\n" % i)
     return "junked"
+
+
+@server.tool(description="Answers itself with a result nested 5,000 deep, then never again.")
+async def deep(ctx: Context) -> str:
+    ident = json.dumps(ctx.request_id)
+    body = '{"a":' * 5000 + "1" + "}" * 5000
+    line = f'{{"jsonrpc": "2.0", "id": {ident}, "result": {body}}}\n'
+    os.write(WIRE, line.encode())  # one write of under 64 KiB: never inside another message
+    await anyio.sleep_forever()
+    return "never"
 
 
 @server.tool(description="Says its tool list changed, again and again, for a while.")
