@@ -11,8 +11,9 @@ Flags (several may be given):
 
 Tools: ``read`` (answers at once), ``big(size)`` (answers ``size`` characters), ``hang``
 (never answers), ``junk(lines)`` (writes lines that are not JSON on stdout, then answers),
-``deep`` (answers itself, raw, with a result nested 5,000 deep), ``storm(seconds)`` (says its list changed as fast as it can, for ``seconds``), ``child`` (starts
-a child process that sleeps, answers its pid), ``pid``. Its stderr says what it does.
+``deep`` (answers itself, raw, with a result nested 5,000 deep), ``storm(seconds)`` (says its
+list changed as fast as it can, for ``seconds``), ``child`` (starts a child process that
+sleeps, answers its pid), ``pid``. Its stderr says what it does.
 """
 
 from __future__ import annotations
