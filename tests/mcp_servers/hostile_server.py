@@ -43,7 +43,10 @@ def say(text: str) -> None:
 class Hostile(MCPServer):
     """Lists what the flags ask for besides its own tools."""
 
+    lists = 0  # how many tools/list requests it answered
+
     async def list_tools(self) -> list[Tool]:
+        Hostile.lists += 1
         tools = await super().list_tools()
         schema = {"type": "object", "properties": {"a": {"type": "string"}}}
         if "--huge-schema" in args:
@@ -108,7 +111,7 @@ async def storm(ctx: Context, seconds: float = 5.0) -> str:
         sent += 1
         await anyio.sleep(0)
     say(f"storm sent {sent}")
-    return f"stormed {sent}"
+    return f"stormed {sent}, listed {Hostile.lists}"
 
 
 @server.tool(description="Starts a child process that sleeps; answers its pid.")
