@@ -466,6 +466,9 @@ def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Ro
             return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, problem), denied=True)
     if registry.is_port(name):
         return ToPort(name, arguments)
+    down = registry.mcp_catalog.not_running(name)  # never listed: its server is not running
+    if down is not None:
+        return Answered(down)
     return Answered(denial_message(DenyReason.UNKNOWN_TOOL, name), denied=True)
 
 
