@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from actors.models.base import ModelFailure
 from actors.core.bounded import MAX_BYTES
+from actors.models.base import ModelFailure
 from actors.models.wire import decode_answer, parse_answer
 from messages import ModelAnswer
 
