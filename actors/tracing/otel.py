@@ -262,11 +262,13 @@ class OtelTracer:
 def _end_all(spans: list[Span]) -> None:
     """End every span, even when a span processor raises at one of them; the first error is
     raised after the others have ended (the runtime's tracer guard logs it)."""
-    failed: Exception | None = None
+    failed: BaseException | None = None
     for span in spans:
         try:
             span.end()
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: the other spans still end
             failed = failed or exc
     if failed is not None:
         raise failed

@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from actors.aio import AsyncRuntime
 from actors.core.approvals import decision_text
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.listen import is_loopback
 from actors.core.usage import total_usage
 from actors.shells.service.auth import Gate
@@ -173,12 +174,17 @@ def _header(scope: Any, name: bytes) -> str | None:
 
 
 def _json_object(data: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
+    """A request body through the bounded decode (the body cap was kept while reading it):
+    400 naming what is wrong (a bound, a lone surrogate, the JSON error), or the object."""
     if empty_ok and not data.strip():
         return {}
     try:
-        value = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise _Refused(400, f"the body is not valid JSON: {exc}") from None
+        value = decode_json(data, max_bytes=max(len(data), 1))
+    except OutOfBounds as exc:
+        detail = exc.detail.removeprefix("not valid JSON: ")
+        if detail is exc.detail:
+            raise _Refused(400, f"the body is out of bounds: {detail}") from None
+        raise _Refused(400, f"the body is not valid JSON: {detail}") from None
     if not isinstance(value, dict):
         raise _Refused(400, f"the body must be a JSON object, not {_kind(value)}")
     return value
@@ -202,16 +208,9 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
-_TURN_BODY = msgspec.json.Decoder(TurnBody)
-
-
 def _turn_body(data: bytes) -> TurnBody:
-    """The body of a turn: decoded straight into :class:`TurnBody` (one pass, no dict); a body
-    that does not decode so is read again the slow way, which says what is wrong with it."""
-    try:
-        return _TURN_BODY.decode(data)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
-        pass
+    """The body of a turn: through the bounded decode as every body (a fault named, 400),
+    then checked as a :class:`TurnBody` (a field named, 400)."""
     try:
         return msgspec.convert(_json_object(data), TurnBody)
     except msgspec.ValidationError as exc:
