@@ -68,7 +68,6 @@ _LOOK_AGAIN_S = 0.5
 """How often ``approvals --wait`` asks the service again once its event stream was cut."""
 
 _LOCAL_ONLY = (
-    ("output_schema", "--output-schema"),
     ("base_url", "--base-url"),
     ("model", "--model"),
     ("tools", "--tools"),
@@ -152,12 +151,20 @@ class ServiceClient:
             return msgspec.json.decode(self._check(self._http.get(path)).content)
 
     def turn(
-        self, session: str, text: str, agent: str | None, timeout: float | None
+        self,
+        session: str,
+        text: str,
+        agent: str | None,
+        timeout: float | None,
+        output_schema: dict[str, Any] | None = None,
     ) -> TurnOutcome:
-        """Run one turn and wait for its outcome (``TimeoutError`` after ``timeout`` s)."""
+        """Run one turn and wait for its outcome (``TimeoutError`` after ``timeout`` s); with
+        ``output_schema`` the turn is typed."""
         import httpx
 
-        body = {"text": text, "agent": agent, "wait": True}
+        body: dict[str, Any] = {"text": text, "agent": agent, "wait": True}
+        if output_schema is not None:
+            body["output_schema"] = output_schema
         wait = httpx.Timeout(CONNECT_S, read=timeout)
         path = f"/v1/sessions/{session}/turns"
         try:
@@ -387,6 +394,9 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
             )
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
+    from actors.shells.cli import _output_schema
+
+    schema = _output_schema(getattr(args, "output_schema", None))
     if args.json:
 
         def show(event: TurnEvent) -> None:
@@ -397,7 +407,7 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
     with contextlib.ExitStack() as stack:
         if not args.quiet:
             stack.enter_context(client.events(args.session, show))
-        outcome = client.turn(args.session, args.text, args.agent, args.timeout)
+        outcome = client.turn(args.session, args.text, args.agent, args.timeout, schema)
     if args.json:
         print(msgspec.json.encode(outcome).decode())
         return 0 if isinstance(outcome, TurnCompleted) else 1

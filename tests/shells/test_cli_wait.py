@@ -167,11 +167,12 @@ class Daemon:
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     def answer(body: dict[str, Any]) -> object:
-        return (
-            call("remember", text="ship")
-            if body["messages"][-1]["role"] == "user"
-            else reply("done")
-        )
+        names = {t["function"]["name"] for t in body.get("tools", [])}
+        if "final_answer" in names:  # a typed turn
+            return call("final_answer", status="green")
+        if body["messages"][-1]["role"] == "user":
+            return call("remember", text="ship")
+        return reply("done")
 
     with ChatServer(answer) as server:
         d = Daemon(tmp_path, server.base_url)
@@ -228,3 +229,14 @@ def test_a_tool_no_one_loaded_names_the_tools_flag(tmp_path: Path) -> None:
     assert "agents.default.tools: no such tool: restart_service" in err
     assert "port tools are loaded with --tools MODULE:NAME" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(120)
+def test_run_with_an_output_schema_goes_through_the_service(daemon: Daemon) -> None:
+    schema = daemon.tmp / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"status": {"type": "string"}}}')
+    code, out, err = finished(
+        daemon.loopd("run", "--session", "typed", "--output-schema", str(schema), "-q", "how?")
+    )
+    assert code == 0, err
+    assert json.loads(out) == {"status": "green"}
