@@ -72,6 +72,9 @@ class TurnBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cancel_on_disconnect: bool = False
     """With ``wait``: a client that goes away before the answer cancels the turn (and its
     children); without, the turn goes on and is stored."""
+    output_schema: dict[str, Any] | None = None
+    """A JSON schema: the turn is typed (as ``run_turn(output=...)``), its outcome's ``output``
+    the validated value. A stored session keeps the schema it was created with."""
 
 
 class DecisionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -217,6 +220,11 @@ def _turn_body(data: bytes) -> TurnBody:
         raise _Refused(400, f"the body: {exc}") from None
 
 
+_REFUSED_TURNS = (FailReason.WRONG_AGENT, FailReason.WRONG_OUTPUT)
+"""A turn's outcomes that answer 400: another agent, or another output schema, than the stored
+session's."""
+
+
 async def post_turn(request: Request) -> Response:
     """``POST /v1/sessions/{id}/turns``: run (or start) a turn."""
     state = _state(request)
@@ -250,7 +258,7 @@ async def post_turn(request: Request) -> Response:
     finally:
         state.waiting.pop(future, None)
         runtime.directory.unregister(address, mailbox)
-    if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+    if isinstance(outcome, TurnFailed) and outcome.reason in _REFUSED_TURNS:
         raise _Refused(400, outcome.detail)  # what Runtime.run_turn raises as ValueError
     return Response(msgspec.json.encode(outcome), 200, media_type="application/json")
 
@@ -281,7 +289,12 @@ async def _unless_gone(
 def _send(state: ServiceState, session: str, body: TurnBody, reply_to: str | None) -> None:
     try:
         state.runtime.runtime.send_turn(
-            session, body.text, speaker=body.speaker, reply_to=reply_to, agent=body.agent
+            session,
+            body.text,
+            speaker=body.speaker,
+            reply_to=reply_to,
+            agent=body.agent,
+            output=body.output_schema,
         )
     except (TypeError, ValueError) as exc:
         raise _Refused(400, str(exc)) from None

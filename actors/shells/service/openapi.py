@@ -47,6 +47,7 @@ _OUTCOME = {
         "session": {"type": "string"},
         "content": {"type": "string"},
         "truncated": {"type": "boolean"},
+        "output": {"description": "A typed turn's validated value (output_schema); else null."},
         "reason": {"type": "string"},
         "detail": {"type": "string"},
         "usage": {"type": "object"},
@@ -270,6 +271,14 @@ def openapi_document() -> dict[str, Any]:
                                             "description": "The agent profile of a new session.",
                                         },
                                         "wait": {"type": "boolean", "default": True},
+                                        "output_schema": {
+                                            "type": ["object", "null"],
+                                            "description": "A JSON schema: the turn is typed "
+                                            "(the model answers by calling final_answer) and "
+                                            "TurnCompleted.output is the validated value. A "
+                                            "session keeps the schema it was created with: "
+                                            "another is 400.",
+                                        },
                                         "cancel_on_disconnect": {
                                             "type": "boolean",
                                             "default": False,
@@ -291,7 +300,10 @@ def openapi_document() -> dict[str, Any]:
                             "Without wait: the turn was started.",
                             {"type": "object", "properties": {"session": {"type": "string"}}},
                         ),
-                        "400": _err("A bad id (a child's sub- id included), text, agent or body."),
+                        "400": _err(
+                            "A bad id (a child's sub- id included), text, agent, output_schema "
+                            "or body."
+                        ),
                         **_AUTH,
                         "413": _err("The body is over the cap (1 MiB)."),
                         "503": _err("The service is stopping."),
