@@ -104,7 +104,7 @@
   function stateCell(state, background) {
     const td = document.createElement("td");
     td.append(text("span", state || "", "state " + (state || "")));
-    if (background) td.append(text("span", "background", "badge background"));
+    if (background) td.append(" ", text("span", "background", "badge background"));
     return td;
   }
 

@@ -144,7 +144,8 @@
     const head = text("div", null, "call-head");
     head.append(text("span", "#" + call.id, "call-id"), text("span", call.name, "tool-name"));
     const child = "sub-" + data.session + "-" + call.id;
-    if ((call.name === "subagent" || call.name === "call_tool") && (data.children || []).includes(child)) {
+    const spawns = call.name === "subagent" || (call.name === "call_tool" && /"subagent"/.test(call.arguments));
+    if (spawns || (data.children || []).includes(child)) {
       const link = text("a", "→ " + child, "child-link");
       link.href = "#";
       link.onclick = (e) => {
