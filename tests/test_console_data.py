@@ -241,3 +241,14 @@ def test_the_listing_speaks_the_state_vocabulary_and_usage_nobody_measured_is_un
     assert format_usage(Usage(requests=3, unmeasured_requests=3)) == (
         "unknown tokens, 3 requests (none measured)"
     )
+
+
+def test_the_live_lines_name_no_slot_where_there_is_none_and_say_the_note() -> None:
+    from actors.shells.render import render_event
+
+    assert render_event(TurnStarted(session="s", slot=None)).endswith("s  turn started")
+    assert render_event(ModelRequestSent(session="s", slot=None, step=1)).endswith("request 1")
+    settled = ApprovalSettled(session="s", call_id=2, approved=True, note="ok by me")
+    assert render_event(settled).endswith("call 2 approved: ok by me")
+    declined = ApprovalSettled(session="s", call_id=2, approved=False, reason="not today")
+    assert render_event(declined).endswith("call 2 declined: not today")
