@@ -161,7 +161,12 @@ class ApprovalDesk:
                 self.book.add(entry, live=False)
                 effects.append(self._arm(entry))
             else:
-                decision = ApprovalDecision(request.call_id, entry.approved, entry.reason)
+                decision = ApprovalDecision(
+                    request.call_id,
+                    entry.approved,
+                    "" if entry.approved else entry.reason,
+                    note=(entry.reason or None) if entry.approved else None,
+                )
                 decided.setdefault(request.session, []).append(decision)
         for session, decisions in decided.items():
             effects += self._resume(session, decisions)
@@ -343,9 +348,12 @@ class ApprovalDesk:
                 return []
             detail = NOT_WAITING.format(call_id=call_id, session=session)
             return self._reply(reply_to, ApprovalRefused(session, call_id, detail))
-        settled = ApprovalSettled(session=session, call_id=call_id, approved=approved)
+        note, said = (reason or None, None) if approved else (None, reason)
+        settled = ApprovalSettled(
+            session=session, call_id=call_id, approved=approved, note=note, reason=said
+        )
         # Only the reason a person gave goes to the model; a note stays with the decision.
-        decision = ApprovalDecision(call_id, approved, "" if approved else reason)
+        decision = ApprovalDecision(call_id, approved, said or "", note=note)
         live = session in self.state.live
         parking = waiting.live and session in self.parking and live
         # A live turn carries an approval out now: the row says so in the same transaction.

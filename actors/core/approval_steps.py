@@ -47,6 +47,7 @@ from actors.core.turn_effects import (
 )
 from messages import (
     ApprovalDecision,
+    CallDecision,
     ChatMessage,
     DenyReason,
     Resume,
@@ -87,11 +88,14 @@ class ApprovalWait:
     """Decisions a resumed turn carries out."""
     rewait: set[int] = field(default_factory=set)
     """Calls a resumed turn holds again: stored, not decided yet."""
+    verdicts: dict[int, ApprovalDecision] = field(default_factory=dict)
+    """How each call of this answer that waited was decided: kept with its stored result."""
 
     def clear(self) -> None:
         """A new answer's calls start with nothing held."""
         self.held.clear()
         self.asked.clear()
+        self.verdicts.clear()
 
 
 class Turn(Protocol):
@@ -114,6 +118,8 @@ class Turn(Protocol):
     def _ask(self) -> list[Effect]: ...
     def _dispatch(self, calls: list[ToolCall] | None = None) -> list[Effect]: ...
     def _maybe_continue(self) -> list[Effect]: ...
+    @property
+    def event_slot(self) -> int | None: ...
     def subagent_result(self, result: SubagentResult) -> list[Effect]: ...
 
 
@@ -128,6 +134,7 @@ def run_or_wait(
     decision = wait.decided.pop(call.id, None)
     if decision is not None:
         wait.asked.append(call.id)
+        wait.verdicts[call.id] = decision
         if decision.approved:
             return carry_out(turn, call, work)
         return decline(turn, call, decision.reason)
@@ -240,6 +247,7 @@ def decided(turn: Turn, decision: ApprovalDecision) -> list[Effect]:
     call = next((c for c in turn._calls if c.id == decision.call_id), None)
     if work is None or call is None:
         return []
+    turn.wait.verdicts[call.id] = decision
     if decision.approved:
         return work if work else carry_out(turn, call, work) + turn._maybe_continue()
     return decline(turn, call, decision.reason) + turn._maybe_continue()
@@ -264,6 +272,25 @@ def dropped(turn: Turn, park: bool) -> list[Effect]:
     return effects
 
 
+def result_message(turn: Turn, call_id: int) -> ChatMessage:
+    """The stored tool message of call ``call_id``'s result: its text, whether it came from an
+    untrusted source, and how a person decided the call if it waited (never sent)."""
+    result = turn._results[call_id]
+    verdict = turn.wait.verdicts.get(call_id)
+    decision = None
+    if verdict is not None and not verdict.denial:
+        decision = CallDecision(
+            verdict.approved, verdict.note, None if verdict.approved else verdict.reason
+        )
+    return ChatMessage(
+        role="tool",
+        content=result.text,
+        tool_call_id=call_id,
+        untrusted=result.untrusted,
+        decision=decision,
+    )
+
+
 def kept(turn: Turn, children: Sequence[int]) -> set[int]:
     """At a stop: the calls that stay unanswered for the next start, those waiting for a
     person and the ``children`` (``subagent`` calls whose child waits for one) still open."""
@@ -280,11 +307,7 @@ def park(turn: Turn) -> list[Effect] | None:
         return None
     if any(c.id not in turn._results and c.id not in held for c in turn._calls):
         return None
-    results = tuple(
-        ChatMessage(role="tool", content=turn._results[c.id].text, tool_call_id=c.id)
-        for c in turn._calls
-        if c.id in turn._results
-    )
+    results = tuple(result_message(turn, c.id) for c in turn._calls if c.id in turn._results)
     decided = tuple(c for c in turn.wait.asked if c not in held)  # their results go now
     held.clear()
     if not results:
@@ -341,7 +364,7 @@ def open_calls(transcript: Sequence[ChatMessage]) -> tuple[list[ToolCall], int]:
 def resume(turn: Turn, order: Resume) -> list[Effect]:
     """Continue the turn the stored transcript cut off (see the module's doc)."""
     state = turn.state
-    started: list[Effect] = [Emit(TurnStarted(session=state.id, slot=state.slot))]
+    started: list[Effect] = [Emit(TurnStarted(session=state.id, slot=turn.event_slot))]
     calls, turn._turn_start = open_calls(state.transcript)
     # A request whose call has its result stored (a crash between the two writes) is stale.
     open_ids = {c.id for c in calls}

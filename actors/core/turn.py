@@ -144,6 +144,8 @@ class Turn:
     ids: Iterator[int]
     clock: Callable[[], datetime]
     agent: str = "default"  # the session's profile, named in its TurnStarted
+    slots: bool = True
+    """The profile's server has slots (not the ``openai`` backend): events name them."""
     step: int = 0
     phase: _Phase = _Phase.IDLE
     outcome: TurnOutcome | None = None
@@ -173,6 +175,11 @@ class Turn:
     """Which calls wait for a person (``[approvals]``); None: none."""
     wait: ApprovalWait = field(default_factory=ApprovalWait)
 
+    @property
+    def event_slot(self) -> int | None:
+        """The slot events name: the session's, or None where the server has no slots."""
+        return self.state.slot if self.slots else None
+
     # Inputs.
 
     def start(
@@ -191,7 +198,7 @@ class Turn:
         """
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
-        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot, agent=self.agent))
+        event = Emit(TurnStarted(session=self.state.id, slot=self.event_slot, agent=self.agent))
         if stored:
             self._turn_start = len(self.state.transcript) - 1
             return [event, *self._ask()]
@@ -298,7 +305,7 @@ class Turn:
                     step=self.step,
                     content=answer.content,
                     tools=names,
-                    slot=answer.slot,
+                    slot=answer.slot if self.slots else None,
                     slot_wait_s=answer.slot_wait_s,
                     usage=answer.usage,
                 )
@@ -365,7 +372,11 @@ class Turn:
         text = cap_chars(result.text, self.limits.tool_result_cap if cap is None else cap)
         self._results[call.id] = msgspec.structs.replace(result, text=text)
         finished = ToolCallFinished(
-            session=self.state.id, call_id=call.id, name=call.name, denied=result.denied
+            session=self.state.id,
+            call_id=call.id,
+            name=call.name,
+            denied=result.denied,
+            untrusted=result.untrusted,
         )
         return [Emit(finished), *self._maybe_continue()]
 
@@ -511,7 +522,7 @@ class Turn:
         self.step += 1
         self.phase = _Phase.ASKING
         self._asked_len = len(self.state.transcript)
-        sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
+        sent = ModelRequestSent(session=self.state.id, slot=self.event_slot, step=self.step)
         request = self._request(approval_steps.call_ordered(self.state.messages()))
         return [Emit(sent), request]
 
@@ -570,10 +581,7 @@ class Turn:
     def _maybe_continue(self) -> list[Effect]:
         if len(self._results) < len(self._calls):
             return []
-        messages = tuple(
-            ChatMessage(role="tool", content=self._results[c.id].text, tool_call_id=c.id)
-            for c in self._calls
-        )
+        messages = tuple(approval_steps.result_message(self, c.id) for c in self._calls)
         self._calls, self._results = [], {}
         output = self.output
         then = (
@@ -654,7 +662,8 @@ class Turn:
         self.outcome = outcome
         self.phase = _Phase.DONE
         if isinstance(outcome, TurnCompleted):
-            event = TurnEnded(session=self.state.id, completed=True)
+            output = None if outcome.output is None else msgspec.to_builtins(outcome.output)
+            event = TurnEnded(session=self.state.id, completed=True, output=output)
         else:
             event = TurnEnded(
                 session=self.state.id, completed=False, reason=outcome.reason, detail=outcome.detail

@@ -137,8 +137,9 @@ class OtelTracer:
                         "gen_ai.operation.name": "chat",
                         "gen_ai.request.model": model,
                         "loopd.session": event.session,
-                        "loopd.slot": event.slot,
                         "loopd.step": event.step,
+                        # no slot where the server has none (the openai backend)
+                        **({} if event.slot is None else {"loopd.slot": event.slot}),
                     },
                 )
             case ModelAnswered():
@@ -200,7 +201,7 @@ class OtelTracer:
                 "gen_ai.conversation.id": event.session,
                 "gen_ai.request.model": self.model_of(event.session),
                 "loopd.session": event.session,
-                "loopd.slot": event.slot,
+                **({} if event.slot is None else {"loopd.slot": event.slot}),
             },
         )
         with self._lock:

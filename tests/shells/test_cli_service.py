@@ -305,7 +305,7 @@ def test_repl_connect_is_a_thin_console_over_the_service(
     assert "Traceback" not in err
     assert "r  turn completed" in out  # the family's events, as the local turn() prints them
     assert "served answer\n" in out
-    assert "SESSION" in out and "STATE" in out and "idle" in out  # the live session's state
+    assert "SESSION" in out and "STATE" in out and "completed" in out  # its last turn completed
     assert ">>> 1\n" in out  # show("r")["turns"]
     assert len(server.requests) == 1
     connect = ["--connect", d.url, "--token-env", "LOOPD_TEST_TOKEN"]

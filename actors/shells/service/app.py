@@ -34,7 +34,14 @@ from actors.shells.service.auth import Gate
 from actors.shells.service.events import EventHub, Subscriber
 from actors.shells.service.openapi import openapi_document
 from actors.shells.service.settings import ServiceSettings
-from actors.shells.views import session_backend, turn_usage
+from actors.shells.views import (
+    session_backend,
+    session_listing,
+    stored_state,
+    turn_outputs,
+    turn_usage,
+    typed_wrapped,
+)
 from actors.stores.base import SessionNotFound, StoreBackend, StoreError
 from actors.stores.open import open_store
 from actors.stores.reader import StoreReader
@@ -314,72 +321,71 @@ async def post_cancel(request: Request) -> Response:
     return _json({"cancelled": list(cancelled)})
 
 
-def _row_state(status: ContextStatus | None, session: str) -> str:
-    if status is not None and session in status.held:
-        return "running"
-    if status is not None and session in status.live:
-        return "idle"
-    return "stored"
-
-
-def _list_sessions(state: ServiceState) -> dict[str, Any]:
+def _list_sessions(state: ServiceState, known: dict[str, tuple[str, bool]]) -> dict[str, Any]:
     status = state.status()
+    running = frozenset(status.held) if status is not None else frozenset()
     store = state.store()
     try:
-        infos = store.list_sessions()
+        rows = session_listing(store, state.runtime.runtime.config, running=running, known=known)
     finally:
         store.close()
-    rows = [
-        {
-            "session": i.id,
-            "agent": i.agent,
-            "parent": i.parent,
-            "state": _row_state(status, i.id),
-            "slot": i.slot,
-            "turns": i.turns,
-            "untrusted": i.untrusted,
-            "messages": i.messages,
-            "created_at": i.created_at,
-            "updated_at": i.updated_at,
-        }
-        for i in infos
-    ]
-    stored = {i.id for i in infos}
+    stored = {r["session"] for r in rows}
     if status is not None:  # a session being opened is held before the store has it
         for session in sorted((set(status.held) | set(status.live)) - stored):
-            rows.append({"session": session, "state": _row_state(status, session)})
+            shown, background = known.get(session, ("running", False))
+            rows.append({"session": session, "state": shown, "background": background})
     return {"sessions": rows}
 
 
 async def get_sessions(request: Request) -> Response:
     """``GET /v1/sessions``: every stored session, and each one's state."""
-    return _json(await asyncio.to_thread(_list_sessions, _state(request)))
+    state = _state(request)
+    known = state.hub.states.known()  # read on the loop, where the events update it
+    return _json(await asyncio.to_thread(_list_sessions, state, known))
 
 
-def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
-    status = state.status()
+def _show_session(
+    state: ServiceState, session: str, known: tuple[str, bool] | None
+) -> dict[str, Any]:
+    config = state.runtime.runtime.config
     store = state.store()
     try:
         record = store.open(session)
         children = store.children(session)
         turns = turn_usage(store, session)
         history = store.history(session)
+        waiting = any(
+            a.request.session == session and a.approved is None for a in store.approvals()
+        )
     finally:
         store.close()
+    outputs = turn_outputs(history, typed_wrapped(record))
+    if known is None:
+        status = state.status()
+        held = status is not None and session in status.held
+        shown = "waiting" if waiting else "running" if held else None
+        known = (shown or stored_state(record.turns, history), False)
     return {
         "session": record.id,
         "agent": record.agent,
         "parent": record.parent,
-        "state": _row_state(status, session),
+        "state": known[0],
+        "background": known[1],
         "slot": record.slot,
-        "backend": session_backend(record.agent, state.runtime.runtime.config),
+        "backend": session_backend(record.agent, config),
         "turns": record.turns,
         "untrusted": record.untrusted,
         "next_call_id": record.next_call_id,
         "children": children,
         "usage": total_usage(own for own, _ in turns),
         "usage_with_children": total_usage(every for _, every in turns),
-        "turn_usage": [{"usage": own, "usage_with_children": every} for own, every in turns],
+        "turn_usage": [
+            {"usage": own, "usage_with_children": every, "output": output}
+            for (own, every), output in zip(turns, outputs, strict=False)
+        ],
+        # The latest turn's validated output (a typed session's), null for a text turn.
+        "output": outputs[-1] if outputs else None,
+        "tools": [{"name": t.name, "description": t.description} for t in record.baseline.tools],
         "transcript": record.transcript,
         # Every stored message, those a compaction replaced included (marked), numbered.
         "history": history,
@@ -389,8 +395,10 @@ def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
 async def get_session(request: Request) -> Response:
     """``GET /v1/sessions/{id}``: one stored session, its children and its transcript."""
     session = _session(request)
+    state = _state(request)
+    known = state.hub.states.of(session)
     try:
-        shown = await asyncio.to_thread(_show_session, _state(request), session)
+        shown = await asyncio.to_thread(_show_session, state, session, known)
     except SessionNotFound as exc:
         raise _Refused(404, str(exc)) from None
     return _json(shown)
