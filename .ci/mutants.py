@@ -72,9 +72,7 @@ def parse_args() -> argparse.Namespace:
         default=os.environ.get("MUTANTS_SAMPLE", "") not in ("", "0"),
         help="one mutant in ten: those whose number ends in 7",
     )
-    parser.add_argument(
-        "--workers", type=int, default=int(os.environ.get("MUTANTS_WORKERS", "2"))
-    )
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("MUTANTS_WORKERS", "2")))
     parser.add_argument(
         "--report", action="store_true", help="print the last run's table, run nothing"
     )

@@ -91,7 +91,9 @@ def test_the_parent_sees_the_childs_answer_neutralised_then_capped() -> None:
 
 
 def test_the_parents_tool_text_for_a_childs_outcome() -> None:
-    done = SubagentCompleted(parent="mm", call_id=1, child="sub-mm-1", summary="42", untrusted=False)
+    done = SubagentCompleted(
+        parent="mm", call_id=1, child="sub-mm-1", summary="42", untrusted=False
+    )
     assert subagent_result_text(done) == "sub-mm-1 completed\n42"
     failed = SubagentFailed(
         parent="mm", call_id=1, child="sub-mm-1", reason=FailReason.TURN_LIMIT, untrusted=False
