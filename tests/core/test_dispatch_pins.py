@@ -4,15 +4,22 @@ route carries the agent and the background flag the model asked for."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from actors.core.dispatch import (
+    Answered,
     ArgumentError,
+    Registry,
     SpawnChild,
+    ToPort,
+    dispatch,
     parse_subagent_arguments,
     parse_subagent_call,
     subagent_spec,
 )
+from messages import DenyReason, ToolSpec, denial_message
 
 AGENTS = {"default": "", "coder": "writes code"}
 
@@ -104,3 +111,14 @@ def test_a_background_call_routes_its_flag_and_agent() -> None:
     # Without [subagents] background the key is unknown.
     with pytest.raises(ArgumentError, match="unknown field: background"):
         parse_subagent_call('{"task": "t", "background": true}')
+
+
+def test_a_profile_view_lists_and_runs_only_its_allowed_tools() -> None:
+    registry = Registry([ToolSpec("lookup", "a port tool", {})]).for_agent(["clock"])
+    assert [spec.name for spec in registry.specs()] == ["clock"]
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert dispatch(registry, "clock", "{}", now) == Answered("2026-01-02T03:04:05Z")
+    denied = dispatch(registry, "lookup", "{}", now)
+    assert denied == Answered(denial_message(DenyReason.UNKNOWN_TOOL, "lookup"), denied=True)
+    everything = Registry([ToolSpec("lookup", "a port tool", {})])
+    assert dispatch(everything, "lookup", "{}", now) == ToPort("lookup", "{}")
