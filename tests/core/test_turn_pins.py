@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from test_turn import answer, new_turn, one, only, persist_and_ask
 
-from actors.core.turn_effects import Finish, Persist, RequestModel
-from messages import FailReason, ModelAnswer, TurnCompleted, TurnFailed
+from actors.core.turn_effects import Emit, Finish, Persist, RequestModel
+from messages import FailReason, ModelAnswer, ToolCallFinished, TurnCompleted, TurnEnded, TurnFailed
 
 
 def test_a_failed_write_of_the_user_message_fails_the_turn_with_the_stores_words() -> None:
@@ -54,3 +54,27 @@ def test_a_cancelled_turn_ignores_what_comes_after() -> None:
     assert turn.model_answer(answer(request, "late")) == []
     assert turn.cancel(FailReason.CANCELLED, "again") == []
     assert not only(turn.cancel(FailReason.CANCELLED, "again"), Finish)
+
+
+def test_a_failed_turn_says_why_in_its_turn_ended_event() -> None:
+    turn = new_turn()
+    saved = one(turn.start("hello"), Persist)
+    effects = turn.store_failed(saved.request_id, "disk full")
+    (ended,) = [e.event for e in only(effects, Emit) if isinstance(e.event, TurnEnded)]
+    assert (ended.completed, ended.reason, ended.detail) == (
+        False,
+        FailReason.STORE_ERROR,
+        "disk full",
+    )
+
+
+def test_a_denied_call_answers_its_own_call_id_and_says_denied() -> None:
+    turn = new_turn()
+    request = persist_and_ask(turn, turn.start("go"))
+    saved = one(turn.model_answer(answer(request, None, ("nope", "{}"))), Persist)
+    effects = turn.persisted(saved.request_id)
+    (finished,) = [e.event for e in only(effects, Emit) if isinstance(e.event, ToolCallFinished)]
+    assert finished.denied and finished.call_id == 1
+    (result,) = one(effects, Persist).messages
+    assert (result.role, result.tool_call_id) == ("tool", 1)
+    assert result.content == "Denied: there is no tool with this name: nope."
