@@ -369,6 +369,10 @@ class Runtime:
             refs[CONTEXT] = ContextActor.start(
                 config, directory, registry, memory, env, clock, waiting
             )
+            # At its address now, not only once its on_start has run on a dispatcher thread:
+            # what is told meanwhile (a cron job due at start) waits in its mailbox behind
+            # on_start instead of being a dead letter.
+            directory.register(CONTEXT, refs[CONTEXT])
             if config.cron or config.heartbeat:
                 refs[SCHEDULER] = SchedulerActor.start(
                     config,
