@@ -491,12 +491,22 @@ def test_the_live_tree_and_the_repl_show_background_children(
     foreground = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1"))
     assert foreground.endswith("p  ┬ spawns sub-p-1 for call 1")
 
-    rt = loopd_runtime(_walker, subagents={"background": True})
+    # The child answers once the parent's turn has ended: its report then comes as a turn of
+    # its own, not into the running one (a busy machine may run the child first otherwise).
+    parent_done = threading.Event()
+
+    def walker(request: ModelRequest) -> Answer:
+        if request.session != "walker":
+            parent_done.wait(WAIT)
+        return _walker(request)
+
+    rt = loopd_runtime(walker, subagents={"background": True})
     helpers = Helpers(rt)
     assert "wait" in helpers.namespace()
     assert without_usage(helpers.turn("walker", "plan", timeout=WAIT)) == TurnCompleted(
         "walker", "asked"
     )
+    parent_done.set()
     helpers.wait("walker", timeout=WAIT)
     out = capsys.readouterr().out
     assert "┬ spawns sub-walker-1 for call 1 (background)" in out
