@@ -4,6 +4,7 @@ traces, and which calls wait. Real actors, a real SQLite store; every wait has a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from pathlib import Path
@@ -79,6 +80,13 @@ def test_the_cli_lists_and_settles_on_a_home_no_runtime_holds(loopd_runtime, cap
     assert main(["approve", "s", "2", "--home", home]) == 2
     assert "in use by another loopd runtime" in capsys.readouterr().err
     rt.stop()
+    # loopd sessions says the session waits for a person (not "running" or "stored").
+    assert main(["sessions", "--home", home]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("s "))
+    assert row.split()[1:3] == ["default", "waiting"]
+    assert main(["sessions", "--home", home, "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["state"] == "waiting"
     assert main(["approvals", "--home", home]) == 0
     listing = capsys.readouterr().out
     assert "deploy" in listing and "UNTRUSTED" in listing

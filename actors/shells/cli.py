@@ -306,49 +306,25 @@ def print_sessions(
         if args.json:
             return show_session_json(store, args.id)
         return show_session(store, args.id, config)
-    infos = store.list_sessions()
+    from actors.shells.views import session_listing, sessions_table
+
+    rows = session_listing(store, config)
     if args.json:
         import msgspec
 
-        for i in infos:
-            print(msgspec.json.encode(session_row(i)).decode())
+        for row in rows:
+            print(msgspec.json.encode(session_row(row)).decode())
         return 0
-    if not infos:
-        print("no sessions")
-        return 0
-    from actors.shells.render import table
-
-    rows = [
-        [
-            i.id,
-            str(i.slot),
-            str(i.turns),
-            "yes" if i.untrusted else "no",
-            str(i.messages),
-            i.updated_at,
-        ]
-        for i in infos
-    ]
-    print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    print(sessions_table(rows))
     return 0
 
 
-def session_row(info: Any) -> dict[str, Any]:
-    """One line of ``loopd sessions --json``: the stored fields of a ``GET /v1/sessions`` row
-    (``session``, ``agent``, ``parent``, ``slot``, ``turns``, ``untrusted``, ``messages``,
-    ``created_at``, ``updated_at``), and ``id`` (the same as ``session``, as before)."""
-    return {
-        "id": info.id,
-        "session": info.id,
-        "agent": info.agent,
-        "parent": info.parent,
-        "slot": info.slot,
-        "turns": info.turns,
-        "untrusted": info.untrusted,
-        "messages": info.messages,
-        "created_at": info.created_at,
-        "updated_at": info.updated_at,
-    }
+def session_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One line of ``loopd sessions --json``: a ``GET /v1/sessions`` row (``session``,
+    ``agent``, ``parent``, ``state``, ``background``, ``slot``, ``turns``, ``untrusted``,
+    ``messages``, ``created_at``, ``updated_at``), and ``id`` (the same as ``session``, as
+    before)."""
+    return {"id": row["session"], **row}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -428,23 +428,9 @@ def remote_sessions(client: ServiceClient, args: argparse.Namespace) -> int:
         for r in rows:
             print(msgspec.json.encode({"id": r["session"], **r}).decode())
         return 0
-    from actors.shells.render import table
+    from actors.shells.views import sessions_table
 
-    if not rows:
-        print("no sessions")
-        return 0
-    cells = [
-        [
-            r["session"],
-            str(r["slot"]),
-            str(r["turns"]),
-            "yes" if r["untrusted"] else "no",
-            str(r["messages"]),
-            r["updated_at"],
-        ]
-        for r in rows
-    ]
-    print(table(cells, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    print(sessions_table(rows))
     return 0
 
 

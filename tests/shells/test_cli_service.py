@@ -134,9 +134,11 @@ def test_run_and_sessions_on_a_served_home_go_through_the_service(
     listed = d.loopd("sessions", "--config", str(d.config))
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[0].split() == [
-        "SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED",
+        "SESSION", "AGENT", "STATE", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED",
     ]  # fmt: skip
-    assert listed.stdout.splitlines()[1].split()[:5] == ["cli", "0", "2", "no", "4"]
+    assert listed.stdout.splitlines()[1].split()[:7] == [
+        "cli", "default", "completed", "0", "2", "no", "4",
+    ]  # fmt: skip
     rows = d.loopd("sessions", "--config", str(d.config), "--json")
     row = json.loads(rows.stdout.splitlines()[0])
     assert {k: row[k] for k in ("id", "turns", "messages", "agent")} == {
