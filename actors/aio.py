@@ -22,6 +22,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from actors.core.approvals import check_call_id, decision_text
 from actors.core.config import Config, check_wait
 from actors.core.mcp_config import McpServerConfig
 from actors.core.output import decoded
@@ -134,6 +135,7 @@ class AsyncRuntime:
             weakref.WeakKeyDictionary()
         )
         self._stopped = False
+        self._stopping: asyncio.Future[None] | None = None
         # The checks of cancelled run_turn tasks still under way (strong refs: a task that
         # nobody holds may be collected before it ends).
         self._checks: set[asyncio.Task[None]] = set()
@@ -303,15 +305,22 @@ class AsyncRuntime:
     async def approve(
         self, session: str, call_id: int, note: str | None = None, timeout: float = 10.0
     ) -> ApprovalSettled | ApprovalRefused:
-        """Say yes to a waiting call (see :meth:`Runtime.approve`)."""
+        """Say yes to a waiting call (see :meth:`Runtime.approve`: the same checks, made here
+        before anything is told)."""
         check_session_id(session)
+        check_call_id(call_id)
+        if note is not None:
+            decision_text(note, "the note")
         return await asyncio.to_thread(self.runtime.approve, session, call_id, note, timeout)
 
     async def deny(
         self, session: str, call_id: int, reason: str, timeout: float = 10.0
     ) -> ApprovalSettled | ApprovalRefused:
-        """Say no to a waiting call (see :meth:`Runtime.deny`)."""
+        """Say no to a waiting call (see :meth:`Runtime.deny`: the same checks, made here
+        before anything is told)."""
         check_session_id(session)
+        check_call_id(call_id)
+        decision_text(reason, "the reason")
         return await asyncio.to_thread(self.runtime.deny, session, call_id, reason, timeout)
 
     async def events(self, session: str | None = None) -> AsyncIterator[TurnEvent]:
@@ -337,10 +346,23 @@ class AsyncRuntime:
             self._feeds.discard(feed)
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop every actor (in a worker thread); every event iterator then ends."""
-        if self._stopped:
-            return
-        self._stopped = True
+        """Stop every actor (in a worker thread); every event iterator then ends.
+
+        A task cancelled while it awaits the stop lets the stop end first (the home is then
+        free for the next start), and only then goes on cancelled; a second call waits for
+        the first call's stop.
+        """
+        if self._stopping is None:
+            self._stopped = True
+            self._stopping = asyncio.ensure_future(self._stop(timeout))
+        stopping = self._stopping
+        try:
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:
+            await _outlast(stopping)
+            raise
+
+    async def _stop(self, timeout: float) -> None:
         await asyncio.to_thread(self.runtime.stop, timeout)
         # The bus has stopped: nothing comes after this in any queue.
         for feed in list(self._feeds):
@@ -375,11 +397,7 @@ class AsyncStart:
         except asyncio.CancelledError:
             # The start goes on in its thread: stop what it starts, and only then let the
             # cancellation go on, so nothing is left running and the home is free.
-            cleanup = asyncio.ensure_future(_stop_when_started(starting))
-            while not cleanup.done():
-                # A stop that fails has logged why; the cancellation goes on all the same.
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.shield(cleanup)
+            await _outlast(asyncio.ensure_future(_stop_when_started(starting)))
             raise
         return AsyncRuntime(runtime)
 
@@ -398,6 +416,16 @@ class AsyncStart:
     ) -> None:
         if self._runtime is not None:
             await self._runtime.stop()
+
+
+async def _outlast(work: asyncio.Future[Any]) -> None:
+    """Wait until ``work`` has ended, whatever cancels the waiting task meanwhile (the caller
+    goes on cancelled afterwards). A failure of ``work`` has logged why and is not raised."""
+    while not work.done():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(work)
+    if not work.cancelled():
+        work.exception()  # retrieved: never "exception was never retrieved"
 
 
 async def _stop_when_started(starting: asyncio.Future[Runtime]) -> None:

@@ -35,6 +35,7 @@ from messages.background import (
 from messages.base import Message
 from messages.chat import (
     Baseline,
+    CallDecision,
     ChatMessage,
     ModelAnswer,
     ModelError,
@@ -140,6 +141,7 @@ __all__ = [
     "BackgroundRow",
     "BackgroundSaved",
     "Baseline",
+    "CallDecision",
     "CallId",
     "Cancel",
     "CancelModelRequest",

@@ -73,6 +73,9 @@ class ApprovalDecision(Message, frozen=True):
     approved: bool
     reason: str = ""
     denial: str = ""
+    note: str | None = None
+    """An approval's note: kept with the call's stored result (``ChatMessage.decision``),
+    never sent to the model."""
     """Set when nobody was asked: the Context denied the call at once (a ``subagent`` call
     a spawn limit denies anyway, see ``StoreApproval.spawns``), nothing was stored, and this
     is the whole text the call answers."""

@@ -12,6 +12,7 @@ from messages.tools import ToolCall, ToolSpec
 
 __all__ = [
     "Baseline",
+    "CallDecision",
     "ChatMessage",
     "ModelAnswer",
     "ModelError",
@@ -46,6 +47,15 @@ class Usage(Message, frozen=True):
     """Added later: usage stored before it decodes with 0."""
 
 
+class CallDecision(Message, frozen=True):
+    """How a person (or the ``approvals.timeout_s``) decided a call that waited: approved
+    with an optional ``note``, or declined for ``reason``."""
+
+    approved: bool
+    note: str | None = None
+    reason: str | None = None
+
+
 class ChatMessage(Message, frozen=True):
     """One message of a transcript, in the shape of the chat-completions API.
 
@@ -61,6 +71,11 @@ class ChatMessage(Message, frozen=True):
     usage: Usage | None = None
     """On an assistant message: the tokens of the request that answered it, when the server
     said (stored with it, never sent back)."""
+    untrusted: bool = False
+    """On a tool message: the result came from an untrusted source (stored, never sent)."""
+    decision: CallDecision | None = None
+    """On a tool message of a call that waited for a person: how it was decided (stored,
+    never sent)."""
 
 
 class Baseline(Message, frozen=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from msgspec import field
 
@@ -45,10 +46,11 @@ class _Event(Message, frozen=True, kw_only=True):
 
 
 class TurnStarted(_Event, frozen=True):
-    """``session`` began a turn on ``slot``, as agent profile ``agent``."""
+    """``session`` began a turn on ``slot``, as agent profile ``agent``; ``slot`` is None
+    when the profile's server has no slots (the ``openai`` backend)."""
 
     session: SessionId
-    slot: int
+    slot: int | None
     agent: str = "default"
 
 
@@ -57,11 +59,12 @@ class ModelRequestSent(_Event, frozen=True):
 
     ``slot`` is the slot the session asks for (the one of its last answer, or its pool's first);
     the model service may run it on another free slot of the pool, which
-    :class:`ModelAnswered` names.
+    :class:`ModelAnswered` names. None when the profile's server has no slots (the
+    ``openai`` backend).
     """
 
     session: SessionId
-    slot: int
+    slot: int | None
     step: int
 
 
@@ -98,12 +101,15 @@ class ToolCallStarted(_Event, frozen=True):
 
 
 class ToolCallFinished(_Event, frozen=True):
-    """``session``'s tool call ``call_id`` has its result; ``denied`` if it was refused."""
+    """``session``'s tool call ``call_id`` has its result; ``denied`` if it was refused,
+    ``untrusted`` if the result came from an untrusted source (an MCP server or port tool
+    marked untrusted, a child that read untrusted data)."""
 
     session: SessionId
     call_id: CallId
     name: str
     denied: bool = False
+    untrusted: bool = False
 
 
 class ToolWorkerLost(_Event, frozen=True):
@@ -173,12 +179,15 @@ class JobSkipped(_Event, frozen=True):
 
 
 class TurnEnded(_Event, frozen=True):
-    """``session``'s turn ended: completed, or failed for ``reason``."""
+    """``session``'s turn ended: completed, or failed for ``reason``. A typed turn that
+    completed carries its validated ``output`` as JSON data (objects as dicts: what
+    ``TurnCompleted.output`` encodes to); None for a text turn."""
 
     session: SessionId
     completed: bool
     reason: FailReason | None = None
     detail: str = ""
+    output: Any = None
 
 
 class Compacted(_Event, frozen=True):
@@ -218,11 +227,15 @@ class ApprovalRequested(_Event, frozen=True):
 
 
 class ApprovalSettled(_Event, frozen=True):
-    """A person (or the ``approvals.timeout_s``) decided ``session``'s call ``call_id``."""
+    """A person (or the ``approvals.timeout_s``) decided ``session``'s call ``call_id``: the
+    approval's ``note``, or the decline's ``reason`` (what the model reads; the timeout's is
+    ``no decision within <timeout_s> s``). Both None in events stored before they existed."""
 
     session: SessionId
     call_id: CallId
     approved: bool
+    note: str | None = None
+    reason: str | None = None
 
 
 TurnEvent = (

@@ -14,7 +14,9 @@ import pytest
 
 from actors.testing.postgres import PostgresServer
 
-pytest_plugins = ["pytester"]
+# actor_leak_guard: each test leaves pykka's registry as it found it, pass or fail (an actor a
+# test leaves running is stopped after it, and that test, only that one, errors).
+pytest_plugins = ["pytester", "actor_leak_guard"]
 
 # tests/cluster needs PostgreSQL and Ray and takes minutes: it runs in its own tox env
 # (`tox -e cluster`, which sets LOOPD_CLUSTER_TESTS=1), never in the default suite.

@@ -319,6 +319,49 @@ def test_cancelling_the_start_stops_what_it_started(tmp_path: Path) -> None:
     assert not [t for t in started if t.name.startswith("loopd")]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["stop", "async with"])
+def test_a_cancelled_stop_ends_before_the_cancellation_goes_on(tmp_path: Path, how: str) -> None:
+    """Issue 32 A24: the task that started a runtime is cancelled while it stops it (its own
+    ``stop``, or the end of its ``async with`` block): the stop ends first, so the home is free
+    at once for the next start in this very process (it was refused HomeInUse)."""
+
+    async def main() -> object:
+        if how == "stop":
+            rt = await AsyncRuntime.start(config(tmp_path), model=ScriptedModel([]))
+            stopping = asyncio.create_task(rt.stop())
+        else:
+            started = asyncio.Event()
+
+            async def block() -> None:
+                async with AsyncRuntime.start(config(tmp_path), model=ScriptedModel([])):
+                    started.set()
+                    await asyncio.Event().wait()  # until cancelled
+
+            stopping = asyncio.create_task(block())
+            await started.wait()
+        await asyncio.sleep(0)  # the stop is under way
+        stopping.cancel()
+        if how == "async with":  # that ended the block: cancel again while it stops
+            await asyncio.sleep(0)
+            stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        async with AsyncRuntime.start(config(tmp_path), model=ScriptedModel([reply("hi")])) as rt:
+            return await rt.run_turn("s", "hi", timeout=WAIT)
+
+    assert asyncio.run(main()) == TurnCompleted("s", "hi")
+
+
+def test_a_second_stop_waits_for_the_first(tmp_path: Path) -> None:
+    async def main() -> None:
+        rt = await AsyncRuntime.start(config(tmp_path), model=ScriptedModel([]))
+        await asyncio.gather(rt.stop(), rt.stop())
+        assert not rt.runtime.context.is_alive()
+
+    asyncio.run(main())
+
+
 def test_the_two_facades_take_the_same_arguments() -> None:
     """Issue 19 B3: every method both facades have takes the same parameters (names, kinds,
     defaults and annotations)."""

@@ -4,8 +4,11 @@ traces, and which calls wait. Real actors, a real SQLite store; every wait has a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from approval_kit import (
@@ -17,15 +20,21 @@ from approval_kit import (
     fetch,
     ran,
     requested,
+    rt_history,
     status,
     stored_approvals,
+    tool_texts,
     untrusted_script,
 )
 
+from actors import PortTool, port_tool
+from actors.testing import calls, reply
 from messages import (
     ApprovalRefused,
     ApprovalRequested,
     ApprovalSettled,
+    ModelRequest,
+    ToolSpec,
     TurnCompleted,
 )
 
@@ -71,6 +80,13 @@ def test_the_cli_lists_and_settles_on_a_home_no_runtime_holds(loopd_runtime, cap
     assert main(["approve", "s", "2", "--home", home]) == 2
     assert "in use by another loopd runtime" in capsys.readouterr().err
     rt.stop()
+    # loopd sessions says the session waits for a person (not "running" or "stored").
+    assert main(["sessions", "--home", home]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("s "))
+    assert row.split()[1:3] == ["default", "waiting"]
+    assert main(["sessions", "--home", home, "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["state"] == "waiting"
     assert main(["approvals", "--home", home]) == 0
     listing = capsys.readouterr().out
     assert "deploy" in listing and "UNTRUSTED" in listing
@@ -259,3 +275,124 @@ def test_the_cli_says_a_decision_on_a_shared_store_can_be_overtaken(
     said = capsys.readouterr().out
     assert said.startswith("call 1 of session s approved; its turn resumes at the next start (")
     assert "does not see this decision" in said and "#approval-held-elsewhere)" in said
+
+
+# A call is checked first: arguments a port tool's schema refuses are denied, nobody is asked.
+
+
+@port_tool(
+    name="release",
+    parameters={
+        "type": "object",
+        "properties": {"service": {"type": "string"}},
+        "required": ["service"],
+        "additionalProperties": False,
+    },
+    approval=True,
+)
+def release(args: dict[str, Any]) -> str:
+    ran.append(f"release {args}")
+    return "released"
+
+
+def _restart(args: dict[str, Any]) -> str:
+    ran.append(f"restart {args}")
+    return "restarted"
+
+
+# A plain PortTool with a hand-written schema, made to wait by [approvals] tools.
+restart = PortTool(
+    ToolSpec(
+        "restart",
+        "Restart a service.",
+        {"type": "object", "properties": {"service": {"type": "string"}}, "required": ["service"]},
+    ),
+    _restart,
+)
+
+
+def bad_arguments_script(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return calls(
+            ("release", {}),  # service is required
+            ("deploy", {}),  # @port_tool(approval=True): env is required
+            ("deploy", {"env": 3}),
+            ("restart", {"service": 1}),  # [approvals] tools names it
+            ("call_tool", {"name": "deploy", "arguments": {"where": "prod"}}),
+            ("release", {"service": "api"}),  # valid: this one waits
+        )
+    return reply(tool_texts(request))
+
+
+def test_arguments_the_schema_refuses_are_denied_at_once_and_nobody_is_asked(
+    loopd_runtime,
+) -> None:
+    ran.clear()
+    rt = loopd_runtime(
+        bad_arguments_script,
+        tools=[release, deploy, restart],
+        approvals={"tools": ["restart", "call_tool"]},
+    )
+    events = Events(rt)
+    rt.send_turn("s", "go")
+    request = events.wait(requested())
+    assert (request.call_id, request.tool) == (6, "release")  # the only one asked
+    assert [r.call_id for r in rt.pending_approvals()] == [6]
+    assert isinstance(rt.approve("s", 6), ApprovalSettled)
+    assert events.wait(ended()).completed
+    texts = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
+    bad = "Denied: the arguments are not valid for this tool: "
+    assert texts == [
+        bad + "'service' is a required property.",
+        bad + "env is required.",
+        bad + "env: expected `str`, got `int`.",
+        bad + "service: 1 is not of type 'string'.",
+        bad + "unknown field: where.",
+        "released",
+    ]
+    assert ran == ["release {'service': 'api'}"]
+    assert [e.call_id for e in events.seen if isinstance(e, ApprovalRequested)] == [6]
+
+
+# Patterns: a name ending in '*' is a prefix, '*' alone every tool, the clock included.
+
+
+def clock_script(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return calls(("clock", {}), ("call_tool", {"name": "clock"}))
+    return reply(tool_texts(request))
+
+
+@pytest.mark.parametrize("pattern", ["*", "clock*", "c*", "clock"])
+def test_a_pattern_that_names_the_clock_makes_it_wait(loopd_runtime, pattern: str) -> None:
+    rt = loopd_runtime(clock_script, approvals={"tools": [pattern]})
+    events = Events(rt)
+    rt.send_turn("s", "time?")
+    events.wait(lambda e: isinstance(e, ApprovalRequested) and e.call_id == 2)
+    assert [(r.call_id, r.tool) for r in rt.pending_approvals()] == [(1, "clock"), (2, "call_tool")]
+    assert isinstance(rt.approve("s", 1), ApprovalSettled)
+    assert isinstance(rt.deny("s", 2, "no"), ApprovalSettled)
+    assert events.wait(ended()).completed
+    texts = [m.content for m in rt_history(rt, "s") if m.role == "tool"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", texts[0]), texts
+    assert texts[1] == "Denied: a person declined this call: no."
+
+
+def test_a_clock_call_waiting_at_a_stop_is_answered_when_approved_after_the_start(
+    loopd_runtime,
+) -> None:
+    rt = loopd_runtime(clock_script, approvals={"tools": ["clock"]})
+    events = Events(rt)
+    rt.send_turn("s", "time?")
+    events.wait(lambda e: isinstance(e, ApprovalRequested) and e.call_id == 1)
+    rt.stop()
+    again = loopd_runtime(clock_script, config=rt.config, approvals={"tools": ["clock"]})
+    later = Events(again)
+    # call_tool(clock) waits too: the tool it routes to is listed.
+    assert [r.call_id for r in again.pending_approvals()] == [1, 2]
+    assert isinstance(again.approve("s", 1), ApprovalSettled)
+    assert isinstance(again.deny("s", 2, "once is enough"), ApprovalSettled)
+    assert later.wait(ended()).completed
+    texts = [m.content for m in rt_history(again, "s") if m.role == "tool"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", texts[0]), texts
+    assert texts[1] == "Denied: a person declined this call: once is enough."

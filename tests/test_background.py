@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -80,10 +81,17 @@ def report(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text, "name": "subagent"}
 
 
-def events(rt: Any) -> Probe:
-    probe = Probe.start(rt.directory, "events")
-    rt.subscribe(probe.tell)
-    return probe
+@pytest.fixture
+def events(probe: Callable[..., Probe]) -> Callable[[Any], Probe]:
+    """A runtime's events on a probe the test kit stops when the test ends, pass or fail (a
+    probe left running stays in pykka's registry after the test)."""
+
+    def subscribe(rt: Any) -> Probe:
+        events_probe = probe(rt.directory, "events")
+        rt.subscribe(events_probe.tell)
+        return events_probe
+
+    return subscribe
 
 
 def test_the_switch_off_keeps_the_subagent_schema_and_refuses_the_key() -> None:
@@ -144,7 +152,7 @@ def test_with_the_switch_off_background_is_an_unknown_field(
 
 
 def test_a_report_reaches_the_running_parent_turn_before_its_next_request(
-    chat_server, loopd_runtime, loopd_config
+    chat_server, loopd_runtime, loopd_config, events
 ) -> None:
     child_answered = threading.Event()
 
@@ -186,7 +194,7 @@ def test_a_report_reaches_the_running_parent_turn_before_its_next_request(
 
 
 def test_a_report_after_the_parent_turn_ended_is_a_new_turn(
-    chat_server, loopd_runtime, loopd_config
+    chat_server, loopd_runtime, loopd_config, events
 ) -> None:
     go = threading.Event()
 
@@ -255,7 +263,7 @@ def test_max_background_denies_one_more(chat_server, loopd_runtime, loopd_config
 
 
 def test_cancel_reaches_background_children_and_nothing_is_reported(
-    chat_server, loopd_runtime, loopd_config
+    chat_server, loopd_runtime, loopd_config, events
 ) -> None:
     release = threading.Event()
 
@@ -290,7 +298,7 @@ def test_cancel_reaches_background_children_and_nothing_is_reported(
 
 
 def test_cancelling_a_running_parent_returns_its_background_children(
-    chat_server, loopd_runtime, loopd_config
+    chat_server, loopd_runtime, loopd_config, events
 ) -> None:
     release = threading.Event()
     started = threading.Event()
@@ -355,7 +363,7 @@ def test_a_background_child_cut_off_by_a_stop_reports_failed_after_the_next_star
 
 
 def test_a_report_not_delivered_at_a_stop_is_delivered_after_the_next_start(
-    chat_server, loopd_runtime, loopd_config
+    chat_server, loopd_runtime, loopd_config, events
 ) -> None:
     release = threading.Event()
     restarted = threading.Event()
@@ -400,7 +408,7 @@ def test_a_report_not_delivered_at_a_stop_is_delivered_after_the_next_start(
 
 
 def test_the_spawning_turn_budget_counts_a_background_child_after_the_turn_ended(
-    chat_server, loopd_runtime, loopd_config
+    chat_server, loopd_runtime, loopd_config, events
 ) -> None:
     go = threading.Event()
 
@@ -483,12 +491,22 @@ def test_the_live_tree_and_the_repl_show_background_children(
     foreground = render_event(SubagentStarted(session="p", call_id=1, child="sub-p-1"))
     assert foreground.endswith("p  ┬ spawns sub-p-1 for call 1")
 
-    rt = loopd_runtime(_walker, subagents={"background": True})
+    # The child answers once the parent's turn has ended: its report then comes as a turn of
+    # its own, not into the running one (a busy machine may run the child first otherwise).
+    parent_done = threading.Event()
+
+    def walker(request: ModelRequest) -> Answer:
+        if request.session != "walker":
+            parent_done.wait(WAIT)
+        return _walker(request)
+
+    rt = loopd_runtime(walker, subagents={"background": True})
     helpers = Helpers(rt)
     assert "wait" in helpers.namespace()
     assert without_usage(helpers.turn("walker", "plan", timeout=WAIT)) == TurnCompleted(
         "walker", "asked"
     )
+    parent_done.set()
     helpers.wait("walker", timeout=WAIT)
     out = capsys.readouterr().out
     assert "┬ spawns sub-walker-1 for call 1 (background)" in out

@@ -365,7 +365,7 @@ def test_escaped_text_has_no_control_character_a_terminal_acts_on(text: str) -> 
 
 
 def test_a_deeply_nested_answer_is_a_model_failure_not_a_recursion_error() -> None:
-    with pytest.raises(ModelFailure, match="nested too deeply"):
+    with pytest.raises(ModelFailure, match="nested deeper than 64 levels"):
         parse_answer("s", 1, b"[" * 200_000 + b"]" * 200_000)
 
 
@@ -377,7 +377,7 @@ def test_a_deeply_nested_answer_over_http_ends_the_turn_with_model_error(
     with Runtime.start(Config(home=tmp_path / "h", model=model)) as rt:
         outcome = rt.run_turn("s", "hi", timeout=WAIT)
     assert isinstance(outcome, TurnFailed) and outcome.reason == "model_error"
-    assert "nested too deeply" in outcome.detail
+    assert "nested deeper than 64 levels" in outcome.detail
 
 
 json_values = st.recursive(

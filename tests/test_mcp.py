@@ -44,7 +44,7 @@ from messages import (
     TurnFailed,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 
 
 def start(home: Path, mcp: dict[str, McpServerConfig], **config: Any) -> tuple[Runtime, Any]:
@@ -278,11 +278,15 @@ def test_cancelling_the_turn_cancels_the_call_on_the_server(shared) -> None:
 
 
 def test_a_call_past_timeout_s_is_answered_and_cancelled(tmp_path) -> None:
-    rt, _ = start(tmp_path / "home", {"files": stdio(timeout_s=4)})
+    # timeout_s bounds the start too, so it is the generous WAIT (the server's imports alone
+    # take seconds on a busy machine); the call is one that never answers within it.
+    rt, _ = start(tmp_path / "home", {"files": stdio()})
     try:
+        assert isinstance(rt.mcp_servers()["files"], McpServerUp)
         with LogWatch() as log:
-            assert text_of(rt, "s", 'files__slow {"seconds": 30}') == (
-                "Error: files__slow gave no answer within 4 s"
+            outcome = rt.run_turn("s", 'files__slow {"seconds": 86400}', timeout=3 * WAIT)
+            assert outcome == TurnCompleted(
+                "s", f"Error: files__slow gave no answer within {WAIT:g} s"
             )
             log.wait_for("slow cancelled")
     finally:
@@ -296,10 +300,13 @@ def test_a_server_that_never_answers_does_not_hold_up_the_start(tmp_path) -> Non
         assert down == McpServerDown(
             server="mute", detail="it gave no answer within 0.5 s", at=down.at
         )
-        # Its tools were never listed: a call of one is no tool at all.
-        assert (
-            text_of(rt, "s", "mute__read") == "Denied: there is no tool with this name: mute__read."
-        )
+        # Its tools were never listed: a call of one is told why it cannot run, and since when.
+        text = text_of(rt, "s", "mute__read")
+        assert re.fullmatch(
+            r"Error: MCP server mute is not running: it gave no answer within 0\.5 s "
+            r"\(since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)",
+            text,
+        ), text
     finally:
         rt.stop()
 
@@ -313,9 +320,11 @@ def test_a_server_that_exits_at_start_is_reported_and_retried(tmp_path) -> None:
             assert down.detail == "its process exited before it was up"
             log.wait_for("MCP server files: exiting at start")  # its stderr, in loopd's log
             log.wait_for(r"MCP server files: starting it again in 1 s")
-            assert text_of(rt, "s", 'files__read {"path": "a"}') == (
-                "Denied: there is no tool with this name: files__read."  # never listed
-            )
+            text = text_of(rt, "s", 'files__read {"path": "a"}')  # never listed
+            assert text.startswith(
+                "Error: MCP server files is not running: its process exited before it was up "
+                "(since "
+            ), text
         finally:
             rt.stop()
 
@@ -399,9 +408,10 @@ def test_a_call_while_the_server_is_down_is_answered_at_once(tmp_path) -> None:
         pid = int(text_of(rt, "s", "files__pid"))
         os.kill(pid, signal.SIGKILL)
         assert down.wait(WAIT)
-        assert text_of(rt, "t", 'files__read {"path": "b"}') == (
-            "Error: MCP server files is not running: its process exited"
-        )
+        text = text_of(rt, "t", 'files__read {"path": "b"}')
+        assert text.startswith(
+            "Error: MCP server files is not running: its process exited (since "
+        ), text
     finally:
         rt.stop()
 

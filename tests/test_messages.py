@@ -22,6 +22,7 @@ from messages import (
     BackgroundRow,
     BackgroundSaved,
     Baseline,
+    CallDecision,
     CallId,
     ChatMessage,
     Compacted,
@@ -119,6 +120,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
     ),
     Appended: lambda: Appended(session="mm-thread", request_id=7),
     Baseline: lambda: BASELINE,
+    CallDecision: lambda: CallDecision(approved=True, note="ship it"),
     ChatMessage: lambda: ASSISTANT,
     CompactHistory: lambda: CompactHistory(
         session="mm-thread",
@@ -568,7 +570,12 @@ def test_no_message_field_is_declared_to_hold_a_live_object() -> None:
         loose.update(_live_object_fields(info, "", set()))
     # A tool's JSON schema, a profile's extra request fields and a typed turn's validated
     # value are free-form JSON; they are the only places an untyped value is allowed.
-    assert loose <= {"ToolSpec.parameters{}", "RequestOptions.extra_body{}", "TurnCompleted.output"}
+    assert loose <= {
+        "ToolSpec.parameters{}",
+        "RequestOptions.extra_body{}",
+        "TurnCompleted.output",
+        "TurnEnded.output",
+    }
 
 
 # --- SessionId ------------------------------------------------------------------------------

@@ -245,28 +245,36 @@ def test_a_chat_span_carries_the_tokens_the_server_reported(loopd_runtime, loopd
 
 
 class Failing(SpanProcessor):
-    """A span processor that raises, in ``on_start`` or in ``on_end``."""
+    """A span processor that raises ``error``, in ``on_start`` or in ``on_end``."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, error: type[BaseException] = RuntimeError) -> None:
         self.where = where
+        self.error = error
 
     def on_start(self, span, parent_context=None) -> None:
         if self.where == "on_start":
-            raise RuntimeError("the processor broke at on_start")
+            raise self.error("the processor broke at on_start")
 
     def on_end(self, span) -> None:
         if self.where == "on_end":
-            raise RuntimeError("the processor broke at on_end")
+            raise self.error("the processor broke at on_end")
 
 
+class Odd(BaseException):
+    """Neither an Exception nor SystemExit: what a careless library might raise."""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", [RuntimeError, SystemExit, GeneratorExit, Odd])
 @pytest.mark.parametrize("where", ["on_start", "on_end"])
 def test_a_span_processor_that_raises_changes_no_outcome(
-    loopd_runtime, loopd_config, where, caplog
+    loopd_runtime, loopd_config, where, error, caplog
 ) -> None:
-    """Issue 19 A4: a turn with a tool call and a child completes, its transcript is whole, and
-    the failure is logged once, though every span start (or end) raises."""
+    """Issue 19 A4, issue 32 A23: a turn with a tool call and a child completes, its transcript
+    is whole, and the failure is logged once, though every span start (or end) raises, be it
+    an Exception or any other BaseException but KeyboardInterrupt (SystemExit included)."""
     provider = TracerProvider()
-    provider.add_span_processor(Failing(where))
+    provider.add_span_processor(Failing(where, error))
 
     def script(request: ModelRequest):
         last = request.messages[-1]
@@ -299,6 +307,16 @@ def test_a_span_processor_that_raises_changes_no_outcome(
     assert len(warnings) == 1, warnings
     assert "the tracer OtelTracer failed" in warnings[0].getMessage()
     assert rt.tracer.failures > 1
+
+
+def test_a_keyboard_interrupt_in_a_span_processor_is_not_swallowed() -> None:
+    """The one BaseException the guard lets through: a person's Ctrl-C."""
+    provider = TracerProvider()
+    provider.add_span_processor(Failing("on_start", KeyboardInterrupt))
+    tracer = GuardedTracer(OtelTracer(tracer_provider=provider))
+    with pytest.raises(KeyboardInterrupt):
+        tracer.on_event(TurnStarted(session="s", slot=0), None)
+    assert tracer.failures == 0
 
 
 def test_a_broken_opentelemetry_means_no_tracing_and_one_warning(tmp_path: Path) -> None:

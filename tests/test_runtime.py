@@ -354,7 +354,7 @@ def test_stopping_the_runtime_answers_a_running_turn_cancelled(loopd_runtime, lo
     assert [m.content for m in stored(loopd_config, "s").transcript] == ["hello"]
 
 
-def test_run_turn_times_out_without_losing_the_turn(loopd_runtime) -> None:
+def test_run_turn_times_out_without_losing_the_turn(loopd_runtime, probe) -> None:
     release = threading.Event()
 
     def script(request: ModelRequest):
@@ -362,7 +362,7 @@ def test_run_turn_times_out_without_losing_the_turn(loopd_runtime) -> None:
         return reply("eventually")
 
     rt = loopd_runtime(script)
-    events = Probe.start(rt.directory)
+    events = probe(rt.directory)  # the kit stops it after the test, pass or fail
     rt.subscribe(events.tell)
     with pytest.raises(TimeoutError, match="goes on"):
         rt.run_turn("s", "hello", timeout=0.05)
@@ -427,12 +427,12 @@ def test_a_broken_memory_file_fails_only_new_sessions(loopd_runtime, loopd_confi
     assert "MEMORY.md" in failed.detail
 
 
-def test_a_subscriber_added_later_sees_the_events_of_later_turns(loopd_runtime) -> None:
+def test_a_subscriber_added_later_sees_the_events_of_later_turns(loopd_runtime, probe) -> None:
     # With nobody subscribed, events are dropped at once (no work for the bus); a subscriber
     # added afterwards sees every event of the turns that follow, in order.
     rt = loopd_runtime([reply("one"), reply("two")])
     assert rt.run_turn("s", "first", timeout=WAIT) == TurnCompleted("s", "one")
-    seen = Probe.start(rt.directory)
+    seen = probe(rt.directory)
     rt.subscribe(seen.tell)
     assert rt.run_turn("s", "second", timeout=WAIT) == TurnCompleted("s", "two")
     started = seen.expect(TurnStarted, timeout=WAIT)

@@ -337,3 +337,68 @@ def test_a_typed_turn_on_the_openai_backend(chat_server, loopd_runtime, loopd_co
     (body,) = server.requests
     assert "id_slot" not in body and "response_format" not in body
     assert tool_names(body)[-1] == "final_answer"
+
+
+def test_hostile_answers_over_the_wire_are_denied_by_name_and_tried_again(
+    chat_server, loopd_runtime, loopd_config
+) -> None:
+    pattern = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}}
+    server = chat_server(
+        [
+            call("final_answer", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+            call("final_answer", '{"a": 1180591620717411303424}'),
+            call("final_answer", '{"a": "' + "a" * 34 + '!"}'),
+            call("final_answer", '{"a": "aaa"}'),
+        ]
+    )
+    rt = loopd_runtime(config=wire(loopd_config, server.base_url, output_retries=3))
+    outcome = rt.run_turn("h", "answer", timeout=WAIT, output=pattern)
+    assert isinstance(outcome, TurnCompleted) and outcome.output == {"a": "aaa"}
+    denials = [body["messages"][-1]["content"] for body in server.requests[1:]]
+    prefix = "Denied: the arguments are not valid for this tool: "
+    assert denials == [
+        prefix + "JSON nested deeper than 64 levels.",
+        prefix + "an integer outside the 64-bit range at $.a.",
+        prefix + f"'{'a' * 34}!' does not match '^(a+)+$' - at `$.a`.",
+    ]
+
+
+def test_a_schema_past_the_limits_is_refused_before_the_turn_starts(
+    loopd_runtime, loopd_config
+) -> None:
+    rt = loopd_runtime([reply("plain")])
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}
+    with pytest.raises(ValueError, match=r"more than 1,000 JSON objects"):
+        rt.run_turn("wide", "answer", timeout=WAIT, output=wide)
+    assert rt.run_turn("wide", "hello", timeout=WAIT) == TurnCompleted("wide", "plain")
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        (
+            {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+            "the $ref '#/$defs/a' refers back to itself",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)"}}},
+            "the pattern '(?=a)' at $.properties.a.pattern cannot be used",
+        ),
+    ],
+)
+def test_an_output_schema_file_that_loops_or_backtracks_fails_the_start(
+    loopd_config, schema: dict[str, Any], named: str
+) -> None:
+    home = Path(loopd_config.home)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "loop.json").write_text(msgspec.json.encode(schema).decode())
+    config = loopd_config.replace(agents={"x": AgentConfig(output_schema_file="loop.json")})
+    with pytest.raises(ConfigError) as refused:
+        Runtime.start(config)
+    assert str(refused.value).startswith("agents.x.output_schema_file: ")
+    assert named in str(refused.value)
+    with pytest.raises(ConfigError, match=r"agents\.x\.output_schema: .*refers back to itself"):
+        Config.from_toml(
+            '[agents.x]\noutput_schema = { "$ref" = "#/$defs/a", "$defs" = { a = { "$ref" = '
+            '"#/$defs/b" }, b = { "$ref" = "#/$defs/a" } } }\n'
+        )

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.config import DEFAULT_AGENT, AgentConfig, Config, ConfigError
 from actors.core.dispatch import Registry
 from actors.core.files import read_regular_file
 from actors.core.output import OutputTypes, SchemaError, final_answer_spec
+from actors.core.output_schema import MAX_SCHEMA_BYTES
 from messages import RequestOptions, ToolSpec
 
 __all__ = [
@@ -107,20 +107,28 @@ class Agents:
     def _output(self, name: str, profile: AgentConfig) -> ToolSpec | None:
         """Profile ``name``'s ``final_answer`` tool; ``ConfigError`` naming the key when its
         schema file cannot be read or its schema is not one loopd can use."""
-        if profile.output is not None:
-            return self.output_types.register(profile.output)
-        if profile.output_schema is not None:
-            return final_answer_spec(profile.output_schema)
+        key = f"agents.{name}.output"
+        try:
+            if profile.output is not None:
+                return self.output_types.register(profile.output)
+            key = f"agents.{name}.output_schema"
+            if profile.output_schema is not None:
+                return final_answer_spec(profile.output_schema)
+        except SchemaError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
         if profile.output_schema_file is None:
             return None
         key = f"agents.{name}.output_schema_file"
         path = self._home / Path(profile.output_schema_file)
         try:
-            schema = msgspec.json.decode(read_regular_file(path, MAX_SYSTEM_FILE_BYTES))
+            data = read_regular_file(path, MAX_SYSTEM_FILE_BYTES)
+            schema = decode_json(data, max_bytes=MAX_SCHEMA_BYTES)
             return final_answer_spec(schema)
         except OSError as exc:
             raise ConfigError(f"{key}: cannot read {path}: {exc}") from None
-        except (msgspec.DecodeError, SchemaError) as exc:
+        except OutOfBounds as exc:
+            raise ConfigError(f"{key}: {path}: the output schema: {exc.detail}") from None
+        except SchemaError as exc:
             raise ConfigError(f"{key}: {path}: {exc}") from None
 
     def __contains__(self, name: object) -> bool:

@@ -31,6 +31,8 @@ from actors.core.approvals import (
     ApprovalBook,
     ArmApprovalTimer,
     CancelApprovalTimer,
+    check_call_id,
+    decision_text,
     past_deadline_detail,
     timeout_reason,
 )
@@ -159,7 +161,12 @@ class ApprovalDesk:
                 self.book.add(entry, live=False)
                 effects.append(self._arm(entry))
             else:
-                decision = ApprovalDecision(request.call_id, entry.approved, entry.reason)
+                decision = ApprovalDecision(
+                    request.call_id,
+                    entry.approved,
+                    "" if entry.approved else entry.reason,
+                    note=(entry.reason or None) if entry.approved else None,
+                )
                 decided.setdefault(request.session, []).append(decision)
         for session, decisions in decided.items():
             effects += self._resume(session, decisions)
@@ -289,12 +296,34 @@ class ApprovalDesk:
     # Decisions.
 
     def approve(self, msg: ApproveCall) -> Effects:
-        """A person said yes."""
-        return self._settle(msg.session, msg.call_id, True, msg.note or "", msg.reply_to)
+        """A person said yes (a note kept with the decision)."""
+        note = "" if msg.note is None else msg.note
+        return self._decided(msg.session, msg.call_id, True, note, "the note", msg.reply_to)
 
     def deny(self, msg: DenyCall) -> Effects:
-        """A person said no."""
-        return self._settle(msg.session, msg.call_id, False, msg.reason, msg.reply_to)
+        """A person said no, for a reason the model reads."""
+        return self._decided(
+            msg.session, msg.call_id, False, msg.reason, "the reason", msg.reply_to
+        )
+
+    def _decided(
+        self,
+        session: str,
+        call_id: int,
+        approved: bool,
+        text: object,
+        what: str,
+        reply_to: str | None,
+    ) -> Effects:
+        """A decision as it was told (the facades check the same before they tell it): a
+        call id that is no int, or a reason or note no door would take, changes nothing and is
+        answered ``ApprovalRefused`` naming it; the text is neutralised and settles the call."""
+        try:
+            check_call_id(call_id)
+            clean = decision_text(text, what)
+        except (TypeError, ValueError) as exc:
+            return self._reply(reply_to, ApprovalRefused(session, call_id, str(exc)))
+        return self._settle(session, call_id, approved, clean, reply_to)
 
     def timed_out(self, msg: ApprovalTimedOut) -> Effects:
         """Nobody decided within ``approvals.timeout_s``: the call is declined."""
@@ -319,9 +348,12 @@ class ApprovalDesk:
                 return []
             detail = NOT_WAITING.format(call_id=call_id, session=session)
             return self._reply(reply_to, ApprovalRefused(session, call_id, detail))
-        settled = ApprovalSettled(session=session, call_id=call_id, approved=approved)
+        note, said = (reason or None, None) if approved else (None, reason)
+        settled = ApprovalSettled(
+            session=session, call_id=call_id, approved=approved, note=note, reason=said
+        )
         # Only the reason a person gave goes to the model; a note stays with the decision.
-        decision = ApprovalDecision(call_id, approved, "" if approved else reason)
+        decision = ApprovalDecision(call_id, approved, said or "", note=note)
         live = session in self.state.live
         parking = waiting.live and session in self.parking and live
         # A live turn carries an approval out now: the row says so in the same transaction.

@@ -23,11 +23,21 @@ from datetime import datetime
 from typing import Protocol
 
 from actors.core.approvals import ApprovalPolicy, declined_text, stored_approval
-from actors.core.dispatch import Registry
+from actors.core.dispatch import (
+    CALL_TOOL,
+    CLOCK,
+    Answered,
+    ArgumentError,
+    Registry,
+    Route,
+    clock_text,
+    unwrap_call_tool,
+)
 from actors.core.session_state import SessionState, unanswered_text
 from actors.core.turn_effects import (
     Announce,
     AskApproval,
+    CallPort,
     DropWaiting,
     Effect,
     Emit,
@@ -37,7 +47,9 @@ from actors.core.turn_effects import (
 )
 from messages import (
     ApprovalDecision,
+    CallDecision,
     ChatMessage,
+    DenyReason,
     Resume,
     StoredApproval,
     SubagentResult,
@@ -47,9 +59,19 @@ from messages import (
     TurnCompleted,
     TurnOutcome,
     TurnStarted,
+    denial_message,
 )
 
-__all__ = ["ApprovalWait", "call_ordered", "kept", "open_calls", "park", "resume"]
+__all__ = [
+    "ApprovalWait",
+    "call_ordered",
+    "carry_out",
+    "kept",
+    "open_calls",
+    "park",
+    "resume",
+    "waits_here",
+]
 
 
 @dataclass
@@ -66,11 +88,14 @@ class ApprovalWait:
     """Decisions a resumed turn carries out."""
     rewait: set[int] = field(default_factory=set)
     """Calls a resumed turn holds again: stored, not decided yet."""
+    verdicts: dict[int, ApprovalDecision] = field(default_factory=dict)
+    """How each call of this answer that waited was decided: kept with its stored result."""
 
     def clear(self) -> None:
         """A new answer's calls start with nothing held."""
         self.held.clear()
         self.asked.clear()
+        self.verdicts.clear()
 
 
 class Turn(Protocol):
@@ -94,6 +119,8 @@ class Turn(Protocol):
     def _ask(self) -> list[Effect]: ...
     def _dispatch(self, calls: list[ToolCall] | None = None) -> list[Effect]: ...
     def _maybe_continue(self) -> list[Effect]: ...
+    @property
+    def event_slot(self) -> int | None: ...
     def subagent_result(self, result: SubagentResult) -> list[Effect]: ...
 
 
@@ -108,7 +135,10 @@ def run_or_wait(
     decision = wait.decided.pop(call.id, None)
     if decision is not None:
         wait.asked.append(call.id)
-        return work if decision.approved else decline(turn, call, decision.reason)
+        wait.verdicts[call.id] = decision
+        if decision.approved:
+            return carry_out(turn, call, work)
+        return decline(turn, call, decision.reason)
     if call.id in wait.rewait:
         wait.rewait.discard(call.id)
         wait.asked.append(call.id)
@@ -117,7 +147,12 @@ def run_or_wait(
     policy = turn.approvals
     routed = tool or call.name
     if policy is None or not (policy.needs(call.name) or policy.needs(routed)):
-        return work
+        return carry_out(turn, call, work)
+    # Checked first: arguments a port tool's schema refuses are denied now, nobody is asked.
+    port = next((w for w in work if isinstance(w, CallPort)), None)
+    problem = None if port is None else policy.check(port.name, port.arguments)
+    if problem is not None:
+        return deny_now(turn, call, denial_message(DenyReason.INVALID_ARGUMENTS, problem))
     # The request shows the call as the model wrote it (``call_tool`` and its inner call).
     entry = stored_approval(
         turn.state.id, call, turn.state.untrusted, turn.clock(), policy.timeout_s
@@ -132,12 +167,47 @@ def run_or_wait(
     return [AskApproval(request_id, entry, spawns=spawn is not None, background=background)]
 
 
-def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
-    """``call`` answers the DECLINED denial."""
-    text = declined_text(reason)
+def waits_here(turn: Turn, call: ToolCall, route: Route) -> bool:
+    """Whether ``call``, answered here (``route``: the ``clock``, directly or through
+    ``call_tool``), is held for a person instead: its tool needs one (``[approvals] tools =
+    ["clock"]``, ``["*"]``), or a resumed turn carries out or holds again its decision. Only
+    the clock: a denial is never held, and ``final_answer`` is the turn's answer."""
+    if not isinstance(route, Answered) or route.denied:
+        return False
+    name, arguments = call.name, call.as_written
+    if name == CALL_TOOL:
+        try:
+            name, arguments = unwrap_call_tool(arguments)
+        except ArgumentError:
+            return False
+    if name != CLOCK:
+        return False
+    wait, policy = turn.wait, turn.approvals
+    if call.id in wait.decided or call.id in wait.rewait:
+        return True
+    return policy is not None and (policy.needs(call.name) or policy.needs(CLOCK))
+
+
+def carry_out(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
+    """``work`` of a call that runs now; no work: a call answered here (the clock), whose
+    answer is made now, at the time it runs."""
+    if work:
+        return work
+    text = clock_text(turn.clock())
+    turn._results[call.id] = ToolResult(call.id, text)
+    return [Emit(ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name))]
+
+
+def deny_now(turn: Turn, call: ToolCall, text: str) -> list[Effect]:
+    """``call`` answers the denial ``text`` (during the dispatch of its answer)."""
     turn._results[call.id] = ToolResult(call.id, text, denied=True)
     finished = ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name, denied=True)
     return [Emit(finished)]
+
+
+def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
+    """``call`` answers the DECLINED denial (the reason neutralised and capped)."""
+    return deny_now(turn, call, declined_text(reason))
 
 
 def stored(turn: Turn, request_id: int) -> list[Effect]:
@@ -178,8 +248,9 @@ def decided(turn: Turn, decision: ApprovalDecision) -> list[Effect]:
     call = next((c for c in turn._calls if c.id == decision.call_id), None)
     if work is None or call is None:
         return []
+    turn.wait.verdicts[call.id] = decision
     if decision.approved:
-        return work
+        return work if work else carry_out(turn, call, work) + turn._maybe_continue()
     return decline(turn, call, decision.reason) + turn._maybe_continue()
 
 
@@ -202,6 +273,25 @@ def dropped(turn: Turn, park: bool) -> list[Effect]:
     return effects
 
 
+def result_message(turn: Turn, call_id: int) -> ChatMessage:
+    """The stored tool message of call ``call_id``'s result: its text, whether it came from an
+    untrusted source, and how a person decided the call if it waited (never sent)."""
+    result = turn._results[call_id]
+    verdict = turn.wait.verdicts.get(call_id)
+    decision = None
+    if verdict is not None and not verdict.denial:
+        decision = CallDecision(
+            verdict.approved, verdict.note, None if verdict.approved else verdict.reason
+        )
+    return ChatMessage(
+        role="tool",
+        content=result.text,
+        tool_call_id=call_id,
+        untrusted=result.untrusted,
+        decision=decision,
+    )
+
+
 def kept(turn: Turn, children: Sequence[int]) -> set[int]:
     """At a stop: the calls that stay unanswered for the next start, those waiting for a
     person and the ``children`` (``subagent`` calls whose child waits for one) still open."""
@@ -219,7 +309,7 @@ def park(turn: Turn) -> list[Effect] | None:
     if any(c.id not in turn._results and c.id not in held for c in turn._calls):
         return None
     results = tuple(  # those not stored yet (a result is stored as it comes)
-        ChatMessage(role="tool", content=turn._results[c.id].text, tool_call_id=c.id)
+        result_message(turn, c.id)
         for c in turn._calls
         if c.id in turn._results and c.id not in turn._stored
     )
@@ -279,7 +369,7 @@ def open_calls(transcript: Sequence[ChatMessage]) -> tuple[list[ToolCall], int]:
 def resume(turn: Turn, order: Resume) -> list[Effect]:
     """Continue the turn the stored transcript cut off (see the module's doc)."""
     state = turn.state
-    started: list[Effect] = [Emit(TurnStarted(session=state.id, slot=state.slot))]
+    started: list[Effect] = [Emit(TurnStarted(session=state.id, slot=turn.event_slot))]
     calls, turn._turn_start = open_calls(state.transcript)
     # A request whose call has its result stored (a crash between the two writes) is stale.
     open_ids = {c.id for c in calls}

@@ -12,11 +12,15 @@ The texts a person's decision leaves for the model are fixed: a declined call an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Final
 
+from actors.core.bounded import INT64_MAX, check_text
 from actors.core.config import Config
+from actors.core.text import cap_chars, neutralise
 from messages import (
     ApprovalRequested,
     DenyReason,
@@ -28,6 +32,7 @@ from messages.ids import CHILD_PREFIX
 
 __all__ = [
     "BACKGROUND_CUT_OFF",
+    "MAX_DECISION_CHARS",
     "NOT_WAITING",
     "PAST_DEADLINE",
     "ApprovalBook",
@@ -36,6 +41,8 @@ __all__ = [
     "CancelApprovalTimer",
     "Waiting",
     "approval_policies",
+    "check_call_id",
+    "decision_text",
     "declined_text",
     "dropped_at_start",
     "past_deadline",
@@ -65,6 +72,35 @@ PAST_DEADLINE = (
 """The ``ApprovalRefused.detail`` of a decision that comes past the call's stored deadline:
 the deadline is binding, so the call is declined with the timeout's reason (by the runtime's
 timer, or at the next start) whether or not a runtime ran meanwhile."""
+
+
+MAX_DECISION_CHARS: Final = 2_000
+"""The most characters a person's reason (``deny``) or note (``approve``) may have. A reason
+goes to the model as a tool result (``Denied: a person declined this call: <reason>.``): a
+person's few words, never a document, so the cap is far below ``loop.tool_result_cap``
+(16,000 by default) and a reason can never crowd the model's context; every door refuses a
+longer one, naming the cap."""
+
+
+def check_call_id(value: object) -> int:
+    """``value`` as a call id a decision may name: an ``int`` (``TypeError`` naming it for a
+    bool, a float such as ``1.0``, a text such as ``"1"``), from 1 to the largest 64-bit
+    integer (``ValueError`` naming it otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"call_id must be an int, not {type(value).__name__} ({value!r:.40})")
+    if not 1 <= value <= INT64_MAX:
+        shown = str(value) if value.bit_length() <= 128 else f"a {value.bit_length()}-bit integer"
+        raise ValueError(f"call_id must be a whole number from 1 to {INT64_MAX}, not {shown}")
+    return value
+
+
+def decision_text(value: object, what: str) -> str:
+    """A person's reason or note (``what`` names it) as a door takes it: a ``str``
+    (``TypeError``), valid Unicode and at most :data:`MAX_DECISION_CHARS` characters
+    (``ValueError``: :class:`~actors.core.bounded.OutOfBounds`, naming ``what``), then
+    neutralised as any text that goes to the model (chat-template tokens, terminal escapes
+    and control characters but newline and tab removed)."""
+    return neutralise(check_text(value, what, max_chars=MAX_DECISION_CHARS))
 
 
 def timeout_reason(timeout_s: float) -> str:
@@ -111,8 +147,10 @@ def shell_refusal(
 
 
 def declined_text(reason: str) -> str:
-    """What a declined call answers the model: ``Denied: a person declined this call: ...``."""
-    return denial_message(DenyReason.DECLINED, reason)
+    """What a declined call answers the model: ``Denied: a person declined this call: ...``.
+    The reason is neutralised and capped at :data:`MAX_DECISION_CHARS` here too (a reason
+    stored before the doors checked it, or told to the Context by hand, is no exception)."""
+    return denial_message(DenyReason.DECLINED, cap_chars(neutralise(reason), MAX_DECISION_CHARS))
 
 
 @dataclass(frozen=True)
@@ -121,28 +159,51 @@ class ApprovalPolicy:
 
     names: frozenset[str] = frozenset()
     prefixes: tuple[str, ...] = ()
-    """``server__`` of each ``server__*`` pattern: every tool of that MCP server."""
+    """What each pattern ending in ``*`` begins with (``github__`` of ``github__*``; ``""`` of
+    ``*``, every tool): a tool whose name begins so waits."""
     timeout_s: float = 604800.0
+    checks: Mapping[str, Callable[[str], str | None]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """The port tools' argument checks by name (raw JSON in, a denial's detail or None out):
+    a call that would be denied anyway is denied before anyone is asked."""
 
     @classmethod
-    def of(cls, names: Iterable[str], timeout_s: float) -> ApprovalPolicy:
-        """The policy for ``names``; a name ending in ``*`` is a prefix pattern."""
+    def of(
+        cls,
+        names: Iterable[str],
+        timeout_s: float,
+        checks: Mapping[str, Callable[[str], str | None]] | None = None,
+    ) -> ApprovalPolicy:
+        """The policy for ``names``; a name ending in ``*`` is a prefix pattern (the config
+        refuses any other ``*``)."""
+        names = tuple(names)
         exact = {n for n in names if not n.endswith("*")}
         prefixes = tuple(sorted({n[:-1] for n in names if n.endswith("*")}))
-        return cls(frozenset(exact), prefixes, timeout_s)
+        return cls(frozenset(exact), prefixes, timeout_s, MappingProxyType(dict(checks or {})))
 
     def needs(self, tool: str) -> bool:
         """Whether a call of ``tool`` waits for a person."""
         return tool in self.names or any(tool.startswith(p) for p in self.prefixes)
 
+    def check(self, tool: str, arguments: str) -> str | None:
+        """The ``INVALID_ARGUMENTS`` detail of a call of port tool ``tool`` with
+        ``arguments``, or None when they are valid (or ``tool`` has no check here)."""
+        check = self.checks.get(tool)
+        return None if check is None else check(arguments)
 
-def approval_policies(config: Config, marked: Iterable[str] = ()) -> dict[str, ApprovalPolicy]:
+
+def approval_policies(
+    config: Config,
+    marked: Iterable[str] = (),
+    checks: Mapping[str, Callable[[str], str | None]] | None = None,
+) -> dict[str, ApprovalPolicy]:
     """Every profile's policy: ``approvals.tools``, the profile's ``approve`` and the port
-    tools marked ``approval=True``."""
+    tools marked ``approval=True``; ``checks``: the port tools' argument checks."""
     common = (*config.approvals.tools, *marked)
     timeout = config.approvals.timeout_s
     return {
-        name: ApprovalPolicy.of((*common, *config.agent(name).approve), timeout)
+        name: ApprovalPolicy.of((*common, *config.agent(name).approve), timeout, checks)
         for name in config.agent_names()
     }
 

@@ -8,12 +8,12 @@ live here too.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-import httpx
 import msgspec
 
 from actors.core.text import redact
@@ -45,6 +45,7 @@ MAX_INT = 2**63 - 1
 _MAX_URL_CHARS = 2048
 _MAX_HOST_CHARS = 253
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IPV4_STYLE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")
 
 
 class ConfigError(ValueError):
@@ -73,7 +74,9 @@ def check_base_url(url: str, key: str = "model.base_url") -> str:
 
     It must be ``http://`` or ``https://`` with a host, at most 2,048 characters, with no
     whitespace or control character, no query or fragment, a valid port, and a host of at most
-    253 characters. Credentials in it are redacted from the error text.
+    253 characters that is a valid IPv4 address (when it looks like one), a valid IPv6 address
+    (in brackets) or a name that IDNA can encode. Credentials in it are redacted from the error
+    text.
     """
     shown = repr(redact(url)[:80] + ("…" if len(url) > 80 else ""))
 
@@ -100,11 +103,52 @@ def check_base_url(url: str, key: str = "model.base_url") -> str:
         raise refuse("it must not have a query or a fragment")
     if port == 0:
         raise refuse("port 0 is not a port a server listens on")
-    try:
-        httpx.URL(url)
-    except (httpx.InvalidURL, ValueError) as exc:
-        raise refuse(str(exc)) from None
+    why = _host_fault(parts.netloc.rpartition("@")[2], host)
+    if why is not None:
+        raise refuse(why)
     return url
+
+
+def _host_fault(hostport: str, host: str) -> str | None:
+    """What is wrong with the host of a URL (``hostport``: its authority without the user
+    part; ``host``: urlsplit's lower-cased host, brackets removed), or None."""
+    if hostport.startswith("["):
+        rest = hostport.partition("]")[2]
+        if rest and not rest.startswith(":"):
+            return f"invalid port: {rest!r}"
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"invalid IPv6 address: {host!r}"
+        return None
+    if _IPV4_STYLE.fullmatch(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"invalid IPv4 address: {host!r}"
+        return None
+    if host.isascii():
+        return None
+    return _idna_fault(host)
+
+
+def _idna_fault(host: str) -> str | None:
+    """Why IDNA cannot encode the non-ASCII ``host``, or None: by the ``idna`` package (IDNA
+    2008, what the model client's URLs use; imported only here) where it is installed, else by
+    the standard library's codec (IDNA 2003)."""
+    try:
+        import idna
+    except ImportError:  # pragma: no cover - yarl, a dependency, brings it
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            return f"invalid IDNA hostname: {host!r}"
+        return None
+    try:
+        idna.encode(host)
+    except idna.IDNAError:
+        return f"invalid IDNA hostname: {host!r}"
+    return None
 
 
 BACKENDS = ("llama.cpp", "openai")

@@ -18,6 +18,7 @@ from actors.core.config_base import (
     check_base_url,
     check_path_text,
 )
+from actors.core.config_tables import check_tool_patterns
 from actors.core.output import SchemaError, final_answer_spec, schema_of
 from messages import SlotPool, check_session_id
 
@@ -277,6 +278,7 @@ class AgentConfig(Section, frozen=True):
             raise ConfigError(f"{key}.extra_body may not set {', '.join(reserved)}: loopd sets it")
         if self.tools is not None and len(set(self.tools)) != len(self.tools):
             raise ConfigError(f"{key}.tools names a tool twice")
+        check_tool_patterns(self.approve, f"{key}.approve")
         self._check_output(key)
 
     def _check_output(self, key: str) -> None:

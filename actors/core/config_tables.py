@@ -9,6 +9,7 @@ from msgspec import Meta
 
 from actors.core.config_base import ENV_NAME, ConfigError, Section, check_path_text
 from actors.core.listen import parse_listen
+from actors.core.output import FINAL_ANSWER
 from actors.core.text import redact
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "SessionsConfig",
     "StoreConfig",
     "SubagentsConfig",
+    "check_tool_patterns",
 ]
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -77,16 +79,42 @@ DEFAULT_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0
 """``approvals.timeout_s`` when unset: seven days."""
 
 
+def check_tool_patterns(names: tuple[str, ...], key: str) -> None:
+    """``ConfigError`` naming ``key`` and the pattern for a name of ``names`` that cannot mean
+    what it seems to: an empty one, a ``*`` anywhere but at the end (``**``, ``a*b``, ``*x``:
+    a pattern is a name, or a prefix followed by one ``*``), or ``final_answer`` (a typed
+    session's answer, not a call a person decides)."""
+    for name in names:
+        if not name:
+            raise ConfigError(f"{key}: an empty tool name")
+        if "*" in name[:-1]:
+            raise ConfigError(
+                f"{key}: {name[:80]!r} is not a tool name or pattern: a '*' may only end a "
+                "name, once, as a prefix ('github__*': every tool whose name begins "
+                "'github__'; '*' alone: every tool)"
+            )
+        if name == FINAL_ANSWER:
+            raise ConfigError(
+                f"{key}: {FINAL_ANSWER!r} never waits for a person (it is a typed session's "
+                "answer, checked against its schema, not a call a person decides)"
+            )
+
+
 class ApprovalsConfig(Section, frozen=True):
     """``[approvals]``: the tool calls that wait for a person's yes or no."""
 
     _key: ClassVar[str] = "approvals"
 
     tools: tuple[str, ...] = ()
-    """Tool names whose calls wait for a person (built-in, port, ``subagent``; a name ending
-    in ``__*``, such as ``github__*``, names every tool of that MCP server)."""
+    """Tool names whose calls wait for a person (built-in, port, ``subagent``, MCP); a name
+    ending in ``*`` is a prefix (``github__*``: every tool of that MCP server; ``*``: every
+    tool). See :func:`check_tool_patterns` for what is refused."""
     timeout_s: Annotated[float, Meta(gt=0)] = DEFAULT_APPROVAL_TIMEOUT_S
     """Seconds a call may wait; past them it is declined (``no decision within ... s``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_tool_patterns(self.tools, "approvals.tools")
 
 
 class CompactConfig(Section, frozen=True):

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.mcp_config import MCP_SEPARATOR
 from actors.core.mcp_tools import McpCatalog, McpTool
 from messages import DenyReason, ToolSpec, check_session_id, denial_message
@@ -310,12 +311,23 @@ class Registry:
         return self._mcp.get(name)
 
 
+def _refusal(exc: OutOfBounds) -> str:
+    """The denial detail of arguments the bounded decode refused: a bound broken, or text that
+    is not valid Unicode, is named; text that is simply not JSON is "not a JSON object"."""
+    detail = exc.detail
+    named = "surrogate" in detail or "UTF-8" in detail
+    return _NOT_AN_OBJECT if detail.startswith("not valid JSON: ") and not named else detail
+
+
 def parse_json_object(arguments: str) -> dict[str, Any]:
-    """Parse a tool's raw arguments; anything but a JSON object is an :class:`ArgumentError`."""
+    """Parse a tool's raw arguments through the bounded decode; anything but a JSON object is
+    an :class:`ArgumentError`: ``arguments must be a JSON object``, or, for a value refused by
+    a bound (nesting, size, an integer outside int64, a number not finite, a lone surrogate),
+    the bound named (``JSON nested deeper than 64 levels``)."""
     try:
-        value = msgspec.json.decode(arguments)
-    except (msgspec.DecodeError, UnicodeError) as exc:
-        raise ArgumentError(_NOT_AN_OBJECT) from exc
+        value = decode_json(arguments)
+    except OutOfBounds as exc:
+        raise ArgumentError(_refusal(exc)) from None
     if not isinstance(value, dict):
         raise ArgumentError(_NOT_AN_OBJECT)
     return value
@@ -466,6 +478,9 @@ def dispatch(registry: Registry, name: str, arguments: str, now: datetime) -> Ro
             return Answered(denial_message(DenyReason.INVALID_ARGUMENTS, problem), denied=True)
     if registry.is_port(name):
         return ToPort(name, arguments)
+    down = registry.mcp_catalog.not_running(name)  # never listed: its server is not running
+    if down is not None:
+        return Answered(down)
     return Answered(denial_message(DenyReason.UNKNOWN_TOOL, name), denied=True)
 
 
@@ -509,8 +524,9 @@ def descends_from(candidate: str, session: str) -> bool:
 
 
 def is_json_object(text: str) -> bool:
-    """True if ``text`` parses as a JSON object (what a server accepts as tool-call arguments)."""
+    """True if ``text`` passes the bounded decode as a JSON object: what a server accepts as
+    tool-call arguments, and what may be stored and sent back as written."""
     try:
-        return isinstance(msgspec.json.decode(text), dict)
-    except (msgspec.DecodeError, RecursionError):
+        return isinstance(decode_json(text), dict)
+    except OutOfBounds:
         return False

@@ -15,7 +15,14 @@ from collections.abc import Iterable
 
 import msgspec
 
-__all__ = ["MCP_SEPARATOR", "McpServerConfig", "check_server_name"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MAX_SCHEMA_BYTES",
+    "MAX_TOOLS",
+    "MCP_SEPARATOR",
+    "McpServerConfig",
+    "check_server_name",
+]
 
 MCP_SEPARATOR = "__"
 """Between a server's name and its tool's: ``files__read``."""
@@ -24,6 +31,13 @@ _SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _MAX_TIMEOUT_S = 365 * 24 * 3600
+
+MAX_TOOLS = 1000
+"""The default ``max_tools``: the most tools of one server loopd lists."""
+MAX_SCHEMA_BYTES = 64 * 1024
+"""The default ``max_schema_bytes``: the largest input schema (as JSON) loopd checks and lists."""
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The default ``max_message_bytes``: the longest line a stdio server may write (one message)."""
 
 
 def check_server_name(name: str) -> str | None:
@@ -60,6 +74,13 @@ class McpServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     deny_untrusted: tuple[str, ...] = ()
     """The server's tools (its own names, ``write``) denied to a session that has read
     untrusted data, as ``remember`` is: the server cannot know the session's flag."""
+    max_tools: int = MAX_TOOLS
+    """The most tools of this server listed; those past it are left out and named."""
+    max_schema_bytes: int = MAX_SCHEMA_BYTES
+    """A tool whose input schema is longer than this as JSON is left out (never checked)."""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    """stdio only: a line of the server's stdout longer than this is dropped unread (a call
+    it answered fails, naming the cap)."""
 
     def check(self, name: str) -> str | None:
         """Why this table cannot be ``[mcp.<name>]``, naming the key; None if it can. Values of
@@ -116,6 +137,10 @@ class McpServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
                 f"{key}.timeout_s must be a finite number of seconds above 0 and at most "
                 f"{_MAX_TIMEOUT_S} (365 days), not {self.timeout_s!r}"
             )
+        for limit in ("max_tools", "max_schema_bytes", "max_message_bytes"):
+            value = getattr(self, limit)
+            if not 0 < value <= 2**40:
+                return f"{key}.{limit} must be a whole number above 0, not {value!r}"
         return None
 
     def secret_leak(self, name: str, secret_variables: Iterable[str]) -> str | None:

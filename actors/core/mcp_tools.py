@@ -4,7 +4,10 @@
 tools, and read by the Context (a new session's baseline) and the sessions (dispatch). It holds
 one immutable snapshot, swapped whole, so a reader never sees half an update and needs no lock.
 A server that goes down keeps its last list: its calls are answered at once that it is not
-running, and the sessions created meanwhile still list its tools for when it is back.
+running, and the sessions created meanwhile still list its tools for when it is back. A server
+that is not running also has its answer here (:meth:`McpCatalog.not_running`), so a call of one
+of its tools that was never listed (it was down when the session was created) is told why,
+not that there is no such tool.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class McpCatalog:
         self.servers = frozenset(servers)
         self._by_server: Mapping[str, tuple[McpTool, ...]] = MappingProxyType({})
         self._state: tuple[int, Mapping[str, McpTool]] = (0, _EMPTY)
+        self._down: Mapping[str, str] = MappingProxyType({})
 
     @property
     def generation(self) -> int:
@@ -91,6 +95,22 @@ class McpCatalog:
     def server_of(self, name: str) -> str | None:
         """The configured server ``name`` belongs to by its prefix (listed now or not)."""
         return mcp_server_of(name, self.servers)
+
+    def set_down(self, server: str, answer: str | None) -> None:
+        """``server`` is not running, and a call of its tools is answered ``answer`` (None: it
+        is up again)."""
+        down = dict(self._down)
+        if answer is None:
+            down.pop(server, None)
+        else:
+            down[server] = answer
+        self._down = MappingProxyType(down)
+
+    def not_running(self, name: str) -> str | None:
+        """The answer to a call of ``name`` whose configured server is not running (it was
+        down or still starting when asked), or None: its server is up, or none is configured."""
+        server = self.server_of(name)
+        return None if server is None else self._down.get(server)
 
     def publish(self, server: str, tools: Iterable[McpTool]) -> bool:
         """``server`` lists ``tools`` now (replacing its earlier list); False if nothing

@@ -15,13 +15,22 @@ the rest of its tool list. This module holds what the turn machine and the Conte
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from actors.core.dispatch import CALL_TOOL, ArgumentError, parse_json_object, unwrap_call_tool
+from actors.core.bounded import OutOfBounds, check_value, decode_json
+from actors.core.dispatch import CALL_TOOL, ArgumentError, unwrap_call_tool
+from actors.core.output_schema import (
+    MAX_SCHEMA_BYTES,
+    SchemaError,
+    answer_validator,
+    resolve_top_ref,
+    schema_problem,
+)
 from messages import (
     Baseline,
     DenyReason,
@@ -37,6 +46,7 @@ __all__ = [
     "ACCEPTED",
     "ANSWER_BY_CALLING",
     "FINAL_ANSWER",
+    "NOT_AN_OBJECT",
     "RUNBOOK_OUTPUT_INVALID",
     "Answer",
     "Done",
@@ -64,6 +74,8 @@ ANSWER_BY_CALLING = "Answer by calling final_answer."
 ACCEPTED = "Answer accepted."
 """The tool text of a valid ``final_answer`` call, so the stored transcript stays valid."""
 RUNBOOK_OUTPUT_INVALID = "see docs/runbook.md#output_invalid"
+NOT_AN_OBJECT = "arguments must be a JSON object"
+"""The detail of arguments that do not parse as JSON, or are not an object."""
 
 _OBJECT_DESCRIPTION = (
     "Give your final answer and end your turn: call this once, with the answer as the "
@@ -75,11 +87,6 @@ _WRAPPED_DESCRIPTION = (
 )
 
 
-class SchemaError(ValueError):
-    """An output schema loopd cannot use (not a JSON object, a ``$ref`` it cannot resolve, a
-    schema the JSON-schema metaschema refuses, a type msgspec has no schema for)."""
-
-
 def schema_of(kind: Any) -> dict[str, Any]:
     """The JSON schema of a Python type as msgspec writes it (``msgspec.json.schema``)."""
     try:
@@ -89,47 +96,33 @@ def schema_of(kind: Any) -> dict[str, Any]:
     return schema
 
 
-def _resolve_top_ref(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with a top-level ``$ref`` to its own ``$defs`` (or ``definitions``) replaced
-    by what it points at; the definitions stay when something inside still refers to them."""
-    ref = schema.get("$ref")
-    if ref is None:
-        return schema
-    if not isinstance(ref, str):
-        raise SchemaError("the top-level $ref must be a string")
-    for key in ("$defs", "definitions"):
-        prefix = f"#/{key}/"
-        if ref.startswith(prefix):
-            defs = schema.get(key)
-            name = ref[len(prefix) :]
-            if not isinstance(defs, dict) or not isinstance(defs.get(name), dict):
-                raise SchemaError(f"the top-level $ref {ref} names no definition of the schema")
-            resolved = {k: v for k, v in schema.items() if k not in ("$ref", key)}
-            resolved.update(defs[name])
-            text = msgspec.json.encode([resolved, defs]).decode()
-            if f'"{ref}"' not in text:  # nothing refers back to it: it is the schema itself
-                defs = {k: v for k, v in defs.items() if k != name}
-            if defs and '"$ref"' in text:
-                resolved[key] = defs
-            return resolved
-    raise SchemaError(f"the top-level $ref {ref} is not a local #/$defs/ reference")
-
-
 def final_answer_spec(schema: Mapping[str, Any]) -> ToolSpec:
     """The ``final_answer`` tool of an output ``schema`` (a JSON schema as a mapping).
 
     A top-level ``$ref`` is resolved; a schema whose ``type`` is not ``"object"`` is wrapped
-    as the one required property ``value``. Raises :class:`SchemaError` for a schema the
-    JSON-schema metaschema refuses.
+    as the one required property ``value``. Raises :class:`SchemaError` naming the fault for
+    a schema that is not JSON (a lone surrogate, say), is over the size limits of
+    :mod:`actors.core.output_schema`, has a pattern RE2 cannot run or a ``$ref`` that names
+    nothing or loops, or that the JSON-schema metaschema refuses.
     """
     if not isinstance(schema, Mapping):
         raise SchemaError(f"an output schema is a JSON object, not {type(schema).__name__}")
-    try:  # plain JSON data only: what goes into a stored baseline
-        plain: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(dict(schema)))
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise SchemaError(f"the output schema is not JSON data: {exc}") from None
-    resolved = _resolve_top_ref(plain)
-    _validator_class(resolved)  # refuse a broken schema now, not at the first answer
+    try:  # plain JSON data only (what goes into a stored baseline), bounded
+        check_value(dict(schema))
+    except OutOfBounds as exc:
+        raise SchemaError(f"the output schema: {exc.detail}") from None
+    text = msgspec.json.encode(dict(schema))
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise SchemaError(
+            f"the output schema is {len(text):,} bytes of JSON; at most {MAX_SCHEMA_BYTES:,} "
+            "are taken (the limit on an output schema's size)"
+        )
+    plain: dict[str, Any] = msgspec.json.decode(text)
+    # Checked once per distinct schema: its canonical text (keys sorted) keys the verdict.
+    problem = schema_problem(msgspec.json.encode(plain, order="sorted"))
+    if problem is not None:
+        raise SchemaError(problem)
+    resolved = resolve_top_ref(plain)
     if resolved.get("type") == "object":
         return ToolSpec(FINAL_ANSWER, _OBJECT_DESCRIPTION, resolved)
     defs: dict[str, Any] = {k: resolved.pop(k) for k in ("$defs", "definitions") if k in resolved}
@@ -179,18 +172,6 @@ def with_output(baseline: Baseline, spec: ToolSpec | None) -> Baseline:
     return Baseline(baseline.system, (*tools, spec))
 
 
-def _validator_class(schema: dict[str, Any]) -> Any:
-    """The ``jsonschema`` validator class for ``schema``, its metaschema checked."""
-    import jsonschema  # only a runtime with a plain schema needs it
-
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise SchemaError(f"not a valid JSON schema: {exc.message}") from None
-    return cls
-
-
 def _path(parts: Any) -> str:
     text = "$"
     for part in parts:
@@ -216,7 +197,8 @@ class Invalid:
 class OutputRule:
     """How one session's ``final_answer`` calls are checked: its ``spec``, and the Python type
     ``kind`` when one is known for it (msgspec decodes with it), else a ``jsonschema``
-    validator of the spec's parameters."""
+    validator of the spec's parameters whose patterns match with RE2. Arguments pass the
+    bounded decode first (size, nesting, int64, finite numbers, valid Unicode)."""
 
     def __init__(self, spec: ToolSpec, kind: Any = None, retries: int = 2) -> None:
         self.spec = spec
@@ -231,34 +213,53 @@ class OutputRule:
                 if self.wrapped
                 else kind
             )
-        else:
-            self._validator = _validator_class(spec.parameters)(spec.parameters)
+        if kind is None or b'"pattern"' in msgspec.json.encode(spec.parameters):
+            # msgspec matches a pattern with Python's re, which can backtrack for ever: RE2
+            # checks the answer first, so msgspec only ever sees a text that matches.
+            self._validator = answer_validator(spec.parameters)
 
     def validate(self, arguments: str) -> Answer | Invalid:
         """Check a call's raw arguments; the answer's value is the inner one when wrapped."""
+        try:
+            data = decode_json(arguments)
+        except OutOfBounds as exc:
+            # Text that does not parse is answered as for any tool; a bound broken (nesting,
+            # int64, 1e400, a lone surrogate, NaN) is named.
+            unparsed = isinstance(exc.__context__, json.JSONDecodeError)
+            return Invalid(NOT_AN_OBJECT if unparsed else exc.detail)
+        if not isinstance(data, dict):
+            return Invalid(NOT_AN_OBJECT)
+        if self._validator is not None:
+            fault = self._fault(data)
+            if fault is not None:
+                return Invalid(fault)
         if self._decode_as is not None:
             try:
                 decoded = msgspec.json.decode(arguments, type=self._decode_as)
             except msgspec.ValidationError as exc:
                 return Invalid(str(exc))
-            except msgspec.DecodeError:
-                return Invalid("arguments must be a JSON object")
+            except msgspec.DecodeError as exc:  # the bounded decode took it: not expected
+                return Invalid(f"not valid JSON: {exc}")
             if self.wrapped:
                 decoded = decoded.value
             value = msgspec.to_builtins(decoded)
         else:
-            try:
-                data = parse_json_object(arguments)
-            except ArgumentError as exc:
-                return Invalid(exc.detail)
-            import jsonschema
-
-            error = jsonschema.exceptions.best_match(self._validator.iter_errors(data))
-            if error is not None:
-                where = _path(error.absolute_path)
-                return Invalid(error.message if where == "$" else f"{error.message} - at `{where}`")
             value = data["value"] if self.wrapped else data
         return Answer(value, msgspec.json.encode(value).decode())
+
+    def _fault(self, data: dict[str, Any]) -> str | None:
+        import jsonschema
+
+        try:
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(data))
+        except Exception as exc:
+            # Only a schema stored before loopd refused such schemas at load: a $ref that
+            # loops (RecursionError) or names nothing (referencing's Unresolvable).
+            return f"the output schema cannot check this answer: {type(exc).__name__}"
+        if error is None:
+            return None
+        where = _path(error.absolute_path)
+        return error.message if where == "$" else f"{error.message} - at `{where}`"
 
 
 class OutputTypes:

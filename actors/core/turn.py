@@ -38,6 +38,7 @@ from actors.core.approval_steps import ApprovalWait
 from actors.core.approvals import ApprovalPolicy
 from actors.core.compaction_steps import COMPACT_INSTRUCTION, SUMMARY_PREFIX
 from actors.core.dispatch import (
+    CLOCK,
     REMEMBER,
     SUBAGENT,
     Answered,
@@ -123,6 +124,8 @@ class Turn:
     ids: Iterator[int]
     clock: Callable[[], datetime]
     agent: str = "default"  # the session's profile, named in its TurnStarted
+    slots: bool = True
+    """The profile's server has slots (not the ``openai`` backend): events name them."""
     step: int = 0
     phase: _Phase = _Phase.IDLE
     outcome: TurnOutcome | None = None
@@ -157,6 +160,11 @@ class Turn:
     """Which calls wait for a person (``[approvals]``); None: none."""
     wait: ApprovalWait = field(default_factory=ApprovalWait)
 
+    @property
+    def event_slot(self) -> int | None:
+        """The slot events name: the session's, or None where the server has no slots."""
+        return self.state.slot if self.slots else None
+
     # Inputs.
 
     def start(
@@ -175,7 +183,7 @@ class Turn:
         """
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
-        event = Emit(TurnStarted(session=self.state.id, slot=self.state.slot, agent=self.agent))
+        event = Emit(TurnStarted(session=self.state.id, slot=self.event_slot, agent=self.agent))
         if stored:
             self._turn_start = len(self.state.transcript) - 1
             return [event, *self._ask()]
@@ -291,7 +299,7 @@ class Turn:
                     step=self.step,
                     content=answer.content,
                     tools=names,
-                    slot=answer.slot,
+                    slot=answer.slot if self.slots else None,
                     slot_wait_s=answer.slot_wait_s,
                     usage=answer.usage,
                 )
@@ -362,7 +370,11 @@ class Turn:
         text = cap_chars(result.text, self.limits.tool_result_cap if cap is None else cap)
         self._results[call.id] = msgspec.structs.replace(result, text=text)
         finished = ToolCallFinished(
-            session=self.state.id, call_id=call.id, name=call.name, denied=result.denied
+            session=self.state.id,
+            call_id=call.id,
+            name=call.name,
+            denied=result.denied,
+            untrusted=result.untrusted,
         )
         return self._store_results((call.id,), [Emit(finished)])
 
@@ -474,10 +486,7 @@ class Turn:
         """Store the results of ``call_ids`` now, each as it comes (the model still reads an
         answer's results in call order: :func:`approval_steps.call_ordered`); ``told`` is told
         once they are durable, and the turn goes on once every result is."""
-        messages = tuple(
-            ChatMessage(role="tool", content=self._results[i].text, tool_call_id=i)
-            for i in call_ids
-        )
+        messages = tuple(approval_steps.result_message(self, i) for i in call_ids)
         self.state.extend(messages)
         self._stored.update(call_ids)
         request_id = next(self.ids)
@@ -521,7 +530,7 @@ class Turn:
         self.step += 1
         self.phase = _Phase.ASKING
         self._asked_len = len(self.state.transcript)
-        sent = ModelRequestSent(session=self.state.id, slot=self.state.slot, step=self.step)
+        sent = ModelRequestSent(session=self.state.id, slot=self.event_slot, step=self.step)
         request = self._request(approval_steps.call_ordered(self.state.messages()))
         return [Emit(sent), request]
 
@@ -549,6 +558,9 @@ class Turn:
                 denial = untrusted_denial(self.registry.mcp_tool(route.name))
                 route = route if denial is None else Answered(denial, True)
             # A call that passed every check runs now, or waits for a person.
+            if approval_steps.waits_here(self, call, route):  # the clock, listed to wait
+                effects += approval_steps.run_or_wait(self, call, [], CLOCK)
+                continue
             if isinstance(route, ToPort):
                 work: list[Effect] = [CallPort(call.id, route.name, route.arguments)]
                 effects += approval_steps.run_or_wait(self, call, work, route.name)
@@ -639,7 +651,8 @@ class Turn:
         self.outcome = outcome
         self.phase = _Phase.DONE
         if isinstance(outcome, TurnCompleted):
-            event = TurnEnded(session=self.state.id, completed=True)
+            output = None if outcome.output is None else msgspec.to_builtins(outcome.output)
+            event = TurnEnded(session=self.state.id, completed=True, output=output)
         else:
             event = TurnEnded(
                 session=self.state.id, completed=False, reason=outcome.reason, detail=outcome.detail

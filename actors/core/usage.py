@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from messages import ChatMessage, Usage
 
-__all__ = ["INT64_MAX", "add_usage", "format_usage", "stored_usage", "total_usage"]
+__all__ = ["INT64_MAX", "add_usage", "format_usage", "stored_usage", "total_usage", "usage_unknown"]
 
 SUMMARY = "Summary of the earlier conversation:\n"
 """How a compaction summary begins (``actors.core.turn.SUMMARY_PREFIX``): not a turn of its own."""
@@ -46,9 +46,19 @@ def stored_usage(messages: Iterable[ChatMessage]) -> Usage:
     return total_usage(m.usage for m in messages if m.usage is not None)
 
 
+def usage_unknown(usage: Usage) -> bool:
+    """True if no server reported the tokens of any of ``usage``'s requests: its zero counts
+    mean "not known", never "none"."""
+    return usage.requests > 0 and usage.unmeasured_requests >= usage.requests
+
+
 def format_usage(usage: Usage) -> str:
     """One line for a person: ``1,234 prompt (1,000 cached) + 56 completion tokens, 3 requests``,
-    then ``(2 unmeasured)`` when the server reported no usage for some of them."""
+    then ``(2 unmeasured)`` when the server reported no usage for some of them; ``unknown
+    tokens, 3 requests (none measured)`` when it reported none at all."""
+    if usage_unknown(usage):
+        plural = "" if usage.requests == 1 else "s"
+        return f"unknown tokens, {usage.requests:,} request{plural} (none measured)"
     line = (
         f"{usage.prompt_tokens:,} prompt ({usage.cached_tokens:,} cached) + "
         f"{usage.completion_tokens:,} completion tokens, {usage.requests:,} "

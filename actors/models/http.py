@@ -183,7 +183,7 @@ async def _read_stream(
     answer (its text given to ``on_text`` at once).
     """
 
-    assembler = StreamAssembler()
+    assembler = StreamAssembler(max_bytes=cap)
     # Until a data: line shows that the server streams, the bytes are kept: they may be a
     # whole JSON answer instead (never more than cap).
     head: list[bytes] | None = []
@@ -226,7 +226,7 @@ async def _read_stream(
                     ) from None
     if not assembler.streamed and head and b"".join(head).strip():
         kind = response.headers.get("content-type", "no content type")
-        return _unstreamed(url, kind, request, b"".join(head), on_text, prompt_limit)
+        return _unstreamed(url, kind, request, b"".join(head), on_text, prompt_limit, cap)
     try:
         return assembler.answer(request.session, request.request_id, prompt_limit=prompt_limit)
     except StreamBroken as exc:
@@ -240,11 +240,14 @@ def _unstreamed(
     body: bytes,
     on_text: Callable[[str], None] | None,
     prompt_limit: int | None,
+    cap: int,
 ) -> ModelAnswer:
     """The answer of a server that was asked to stream but sent one body (of content type
     ``kind``): read as a whole answer, or a failure saying the server did not stream."""
     try:
-        answer = parse_answer(request.session, request.request_id, body, prompt_limit=prompt_limit)
+        answer = parse_answer(
+            request.session, request.request_id, body, prompt_limit=prompt_limit, max_bytes=cap
+        )
     except ModelFailure as exc:
         raise ModelFailure(
             f"the model at {url} did not stream its answer (asked with "
@@ -423,7 +426,9 @@ class HttpChatModel:
             raise _Failed(cause, retry=is_retryable(exc), cut=cut, error=exc) from None
         status = response.status
         if response.ok:
-            return parse_answer(request.session, request.request_id, body, prompt_limit=limit)
+            return parse_answer(
+                request.session, request.request_id, body, prompt_limit=limit, max_bytes=cap
+            )
         failure = http_failure(self._url, status, body)
         headers = response.headers if status in _RETRY_AFTER_STATUSES else None
         raise _Failed(

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import msgspec
 import yarl
 
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.config import ModelConfig
 from actors.models.base import ModelFailure
 
@@ -168,8 +168,8 @@ def parse_props(body: bytes) -> ServerProps:
     missing, malformed or impossibly large is None.
     """
     try:
-        data = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
+        data = decode_json(body, max_bytes=max(len(body), 1))
+    except OutOfBounds:
         return ServerProps(None, None)
     if not isinstance(data, dict):
         return ServerProps(None, None)

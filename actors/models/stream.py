@@ -16,8 +16,9 @@ from typing import Any
 
 import msgspec
 
+from actors.core.bounded import MAX_BYTES
 from actors.models.base import ModelFailure
-from actors.models.wire import parse_answer
+from actors.models.wire import decode_answer, parse_answer
 from messages import ModelAnswer
 
 __all__ = ["StreamAssembler", "StreamBroken"]
@@ -48,13 +49,15 @@ class StreamAssembler:
     streamed: bool = False
     """A ``data:`` line arrived: the server does stream (one that ignores ``"stream": true``
     sends a whole JSON body instead)."""
+    max_bytes: int = MAX_BYTES
+    """The most bytes one piece, or the answer built, may take (``model.max_answer_bytes``)."""
 
     def feed(self, line: str) -> str:
         """Take one line of the event stream; returns the answer text it added ('' for none).
 
         Blank lines, comments (``: ...``) and other fields (``event:``, ``id:``) carry nothing.
         Raises :class:`~actors.models.base.ModelFailure` for a ``data`` line that is not a JSON
-        object, or one that reports an ``error``.
+        object or is refused by the bounded decode (named), or one that reports an ``error``.
         """
         if not line.startswith("data:"):
             return ""
@@ -63,12 +66,9 @@ class StreamAssembler:
         if data == "[DONE]":
             self.done = True
             return ""
-        try:
-            chunk = msgspec.json.decode(data)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            raise ModelFailure(
-                f"a piece of the model's streamed answer is not JSON: {exc}"
-            ) from None
+        chunk = decode_answer(
+            data, "a piece of the model's streamed answer", max_bytes=self.max_bytes
+        )
         if not isinstance(chunk, dict):
             raise ModelFailure("a piece of the model's streamed answer is not a JSON object")
         if "error" in chunk:
@@ -164,8 +164,10 @@ class StreamAssembler:
             whole["usage"] = self._usage
         if self._timings is not None:
             whole["timings"] = self._timings
+        body = msgspec.json.encode(whole)
+        # Built from pieces that each passed the bounded decode: only its size is new.
         return parse_answer(
-            session, request_id, msgspec.json.encode(whole), prompt_limit=prompt_limit
+            session, request_id, body, prompt_limit=prompt_limit, max_bytes=max(len(body), 1)
         )
 
     @staticmethod

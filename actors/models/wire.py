@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import msgspec
 
+from actors.core.bounded import MAX_BYTES, MAX_DEPTH, OutOfBounds, decode_json
 from actors.core.dispatch import is_json_object
 from actors.models.base import ModelFailure
 from messages import (
@@ -30,6 +32,7 @@ from messages import (
 __all__ = [
     "MAX_REQUEST_TOKENS",
     "answer_too_large",
+    "decode_answer",
     "encode_body",
     "error_detail",
     "error_fields",
@@ -68,11 +71,27 @@ def _call_id(number: int) -> str:
     return f"call_{number}"
 
 
+# A transcript's calls are checked again on every request: the answers of the short texts
+# (nearly all of them) are kept, so a long transcript costs one lookup a call, not a decode.
+_CHECKED_CHARS = 4096
+
+
+@lru_cache(maxsize=4096)
+def _checked_object(text: str) -> bool:
+    return is_json_object(text)
+
+
+def _sendable(text: str) -> bool:
+    """True if the stored arguments ``text`` passes the bounded decode as a JSON object."""
+    return _checked_object(text) if len(text) <= _CHECKED_CHARS else is_json_object(text)
+
+
 def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
     # The text goes back exactly as stored, so the prompt prefix is unchanged; only a stored
-    # text a server cannot parse (written before raw_arguments existed) is sent as {}: servers
-    # refuse a whole request over one such call, which would stick the session for good.
-    arguments = call.arguments if is_json_object(call.arguments) else "{}"
+    # text the bounded decode refuses (written before raw_arguments existed, or before the
+    # bounds: nested past 64, an integer past int64, a lone surrogate) is sent as {}: a server
+    # refuses a whole request over one such call, which would stick the session for good.
+    arguments = call.arguments if _sendable(call.arguments) else "{}"
     return {
         "id": _call_id(call.id),
         "type": "function",
@@ -275,23 +294,40 @@ def _counted(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def decode_answer(data: bytes | str, what: str, *, max_bytes: int = MAX_BYTES) -> Any:
+    """A model server's JSON through the bounded decode (at most ``max_bytes``, nested at most
+    :data:`~actors.core.bounded.MAX_DEPTH` deep, integers within int64, valid Unicode).
+
+    Raises :class:`ModelFailure` beginning with ``what``: ``<what> is not valid JSON: <why>``
+    for text that is not JSON, ``<what> is out of bounds: <the bound>`` for one refused by a
+    bound (``JSON nested deeper than 64 levels``), never ``RecursionError``.
+    """
+    try:
+        return decode_json(data, max_bytes=max_bytes, max_depth=MAX_DEPTH)
+    except OutOfBounds as exc:
+        if exc.detail.startswith("not valid JSON"):
+            raise ModelFailure(f"{what} is {exc.detail}") from None
+        raise ModelFailure(f"{what} is out of bounds: {exc.detail}") from None
+
+
 def parse_answer(
-    session: str, request_id: int, body: bytes, *, prompt_limit: int | None = None
+    session: str,
+    request_id: int,
+    body: bytes,
+    *,
+    prompt_limit: int | None = None,
+    max_bytes: int = MAX_BYTES,
 ) -> ModelAnswer:
     """Parse a chat-completions response body into the answer to request ``request_id``.
 
     Takes ``choices[0].message``: its ``content`` (may be null) and its ``tool_calls``, whose
     ``function.arguments`` text is kept exactly as sent (an object is encoded to compact JSON);
     ``choices[0].finish_reason == "length"`` marks it truncated; ``usage`` is read with
-    :func:`parse_usage` (``prompt_limit`` bounds its prompt tokens). Raises :class:`ModelFailure`
-    naming what is wrong when the body is not such a response.
+    :func:`parse_usage` (``prompt_limit`` bounds its prompt tokens). The body passes
+    :func:`decode_answer` first (``max_bytes``: the transport's ``model.max_answer_bytes``).
+    Raises :class:`ModelFailure` naming what is wrong when the body is not such a response.
     """
-    try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise ModelFailure(f"the model's answer is not valid JSON: {exc}") from exc
-    except RecursionError:  # msgspec's depth limit: a hostile or broken server, not a bug
-        raise ModelFailure("the model's answer is nested too deeply to be read") from None
+    data = decode_answer(body, "the model's answer", max_bytes=max_bytes)
     if not isinstance(data, dict):
         raise ModelFailure("the model's answer is not a JSON object")
     choices = data.get("choices")
@@ -328,8 +364,8 @@ def error_fields(body: bytes) -> tuple[str, str | None, int | None]:
     """
     text = body.decode("utf-8", "replace").strip()
     try:
-        data = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
+        data = decode_json(body, max_bytes=max(len(body), 1))
+    except OutOfBounds:
         return text, None, None
     if not isinstance(data, dict):
         return text, None, None

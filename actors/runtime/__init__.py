@@ -22,7 +22,7 @@ import msgspec
 import pykka
 
 from actors.core.agents import Agents
-from actors.core.approvals import approval_policies
+from actors.core.approvals import approval_policies, check_call_id, decision_text
 from actors.core.config import Config, check_wait
 from actors.core.dispatch import Registry
 from actors.core.limits import Limits
@@ -321,7 +321,11 @@ class Runtime:
             agents=agents,
             budgeted=config.loop.token_budget is not None,
             tracer=tracer,
-            approvals=approval_policies(config, (t.name for t in tools if t.approval)),
+            approvals=approval_policies(
+                config,
+                (t.name for t in tools if t.approval),
+                {t.name: t.check_arguments for t in tools},
+            ),
         )
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.secrets()
@@ -365,6 +369,10 @@ class Runtime:
             refs[CONTEXT] = ContextActor.start(
                 config, directory, registry, memory, env, clock, waiting
             )
+            # At its address now, not only once its on_start has run on a dispatcher thread:
+            # what is told meanwhile (a cron job due at start) waits in its mailbox behind
+            # on_start instead of being a dead letter.
+            directory.register(CONTEXT, refs[CONTEXT])
             if config.cron or config.heartbeat:
                 refs[SCHEDULER] = SchedulerActor.start(
                     config,
@@ -562,15 +570,30 @@ class Runtime:
         self, session: str, call_id: int, note: str | None = None, timeout: float = 10.0
     ) -> ApprovalSettled | ApprovalRefused:
         """Say yes to ``session``'s waiting call ``call_id``: it runs as any call would.
-        ``ApprovalRefused`` if it is not waiting (never was, or was settled already)."""
-        return self._decide(ApproveCall(session, call_id, note), timeout)
+        ``ApprovalRefused`` if it is not waiting (never was, or was settled already).
+
+        Checked before anything is told: ``call_id`` an ``int`` from 1 (``TypeError`` naming
+        it for ``"1"``, ``1.0`` or a bool), ``note`` None or valid Unicode text of at most
+        ``MAX_DECISION_CHARS`` (2,000) characters (``ValueError`` naming it)."""
+        check_session_id(session)
+        check_call_id(call_id)
+        clean = None if note is None else decision_text(note, "the note")
+        return self._decide(ApproveCall(session, call_id, clean), timeout)
 
     def deny(
         self, session: str, call_id: int, reason: str, timeout: float = 10.0
     ) -> ApprovalSettled | ApprovalRefused:
         """Say no to ``session``'s waiting call ``call_id``: the model reads
-        ``Denied: a person declined this call: <reason>.``"""
-        return self._decide(DenyCall(session, call_id, reason), timeout)
+        ``Denied: a person declined this call: <reason>.``
+
+        Checked as :meth:`approve` checks: ``reason`` must be valid Unicode text of at most
+        ``MAX_DECISION_CHARS`` (2,000) characters (``ValueError`` naming it, nothing settled);
+        it is neutralised (chat-template tokens, terminal escapes and control characters but
+        newline and tab removed) as any text that goes to the model."""
+        check_session_id(session)
+        check_call_id(call_id)
+        clean = decision_text(reason, "the reason")
+        return self._decide(DenyCall(session, call_id, clean), timeout)
 
     def _decide(
         self, decision: ApproveCall | DenyCall, timeout: float

@@ -21,21 +21,34 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from actors.core.dispatch import parse_json_object
+from actors.core.dispatch import ArgumentError, clock_text
 from actors.core.mcp_config import McpServerConfig
 from actors.core.mcp_tools import McpCatalog, McpTool
 from actors.dispatcher.directory import EVENTS, Directory
-from actors.tools.mcp import connect, list_all_tools, listing, result_text
+from actors.tools.mcp import (
+    HttpRefused,
+    HttpStatus,
+    ListingStopped,
+    connect,
+    decode_arguments,
+    list_all_tools,
+    listing,
+    result_text,
+)
+from actors.tools.mcp_stdio import TOO_LONG
 from messages import (
     CancelPortCall,
     DataClass,
@@ -55,22 +68,34 @@ BACKOFF_START_S = 1.0
 """The wait before a server that could not start or stopped is started again; it doubles."""
 BACKOFF_MAX_S = 60.0
 """The longest wait between two starts of one server."""
+_SDK_ERROR_RESPONSE = "Server returned an error response"  # the SDK's text for any HTTP error
 _PING_S = 5.0  # how long a health check of an HTTP server after a failed call may take
 
 
-def not_running(server: str, why: str) -> str:
-    """The text a call of a server that is not running gets."""
-    return f"Error: MCP server {server} is not running: {why}"
+def not_running(server: str, why: str, since: datetime | None = None) -> str:
+    """The text a call of a server that is not running gets (``since``: when it stopped)."""
+    when = "" if since is None else f" (since {clock_text(since)})"
+    return f"Error: MCP server {server} is not running: {why}{when}"
 
 
-def _why(exc: BaseException) -> str:
-    """An exception as the reason a server is down (an ExceptionGroup by its first leaf)."""
+def _why(exc: BaseException, status: HttpStatus | None = None) -> str:
+    """An exception as the reason a server is down (an ExceptionGroup by its first leaf);
+    ``status``: the last HTTP error status its server answered, named instead of the SDK's
+    "Server returned an error response"."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, KeyError):  # a headers_env variable that is not set
         return f"the environment variable {exc.args[0]} is not set (headers_env)"
+    if isinstance(exc, HttpRefused):
+        return str(exc)
     if isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED:
         return "its connection closed"
+    if isinstance(exc, MCPError) and exc.code == TOO_LONG:
+        return str(exc.error.message)
+    if isinstance(exc, MCPError) and exc.error.message == _SDK_ERROR_RESPONSE and status:
+        named = status.why()  # the SDK's stand-in for an HTTP error status: name the status
+        if named is not None:
+            return named
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -87,6 +112,11 @@ class _Server:
     scope: anyio.CancelScope | None = None  # made on the loop (anyio needs one running)
     calls: set[Hashable] = field(default_factory=set)
     came_up: bool = False  # this life listed its tools: the next restart waits the least again
+    since: datetime | None = None  # when it went down
+    status: HttpStatus | None = None  # a url server's last HTTP error status
+    relist: bool = False  # a tools/list_changed came: list again (one pending at most)
+    lister: asyncio.Task[None] | None = None  # the one list in flight after a change
+    listed: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # what its last event said
 
 
 @dataclass
@@ -130,6 +160,8 @@ class McpService:
         self.secret_variables = tuple(secret_variables)
         self.backoff = backoff
         self._servers = {n: _Server(n, c) for n, c in servers.items()}
+        for server in servers:  # a call of a tool never listed is told why, not "no tool"
+            catalog.set_down(server, not_running(server, "it is starting"))
         self._ready = {n: threading.Event() for n in servers}
         self._last: dict[str, McpServerUp | McpServerDown] = {}
         self._calls: dict[Hashable, _Call] = {}
@@ -197,8 +229,10 @@ class McpService:
         self._loop.run_forever()
 
     def _stop_all(self) -> None:
-        self._stopping = True
+        self._stopping = True  # a listing on a worker thread ends at its next tool
         for server in self._servers.values():
+            if server.lister is not None:
+                server.lister.cancel()
             if server.scope is not None:
                 server.scope.cancel()
         for running in list(self._calls.values()):
@@ -231,6 +265,9 @@ class McpService:
 
     def _down(self, server: _Server, why: str) -> None:
         server.why = why
+        server.since = datetime.now(UTC)
+        server.listed = None
+        self.catalog.set_down(server.name, not_running(server.name, why, server.since))
         self._event(McpServerDown(server=server.name, detail=why))
         log.warning("MCP server %s is down: %s", server.name, why)
 
@@ -258,8 +295,9 @@ class McpService:
                     server.config,
                     secret_variables=self.secret_variables,
                     on_message=lambda message: self._notified(server, message),
-                ) as (session, ended):
-                    await self._list(server, session)
+                ) as (session, ended, status):
+                    server.status = status
+                    await self._list(server, session, due)
                     timer.cancel()
                     server.session, server.ended = session, ended
                     await ended.wait()
@@ -272,8 +310,8 @@ class McpService:
             if expired:
                 return None
             if server.ended is not None:  # it was up: its connection failed under it
-                return server.why or f"it stopped answering: {_why(exc)}"
-            why = _why(exc)
+                return server.why or f"it stopped answering: {_why(exc, server.status)}"
+            why = _why(exc, server.status)
             if why == "its connection closed" and server.config.command is not None:
                 return "its process exited before it was up"
             return why
@@ -282,31 +320,62 @@ class McpService:
             server.session = None
             server.ended = None
 
-    async def _list(self, server: _Server, session: Any) -> None:
-        """List ``server``'s tools, publish them, and say it is up."""
+    async def _list(self, server: _Server, session: Any, due: float) -> None:
+        """List ``server``'s tools, publish them, and say it is up (again only if what it
+        lists changed). The tools' schemas are checked on a worker thread, never on this
+        loop, and only until ``due`` (the loop's time): a tool not checked by then is left
+        out and named."""
         config = server.config
-        found = listing(
-            server.name, await list_all_tools(session), config.tools, config.deny_untrusted
+        tools = await list_all_tools(session, config.max_tools)
+        check = functools.partial(
+            listing,
+            server.name,
+            tools,
+            config.tools,
+            config.deny_untrusted,
+            max_tools=config.max_tools,
+            max_schema_bytes=config.max_schema_bytes,
+            # The loop's clock is time.monotonic; a margin to publish before the start's cut.
+            deadline=due - min(1.0, config.timeout_s / 10),
+            stopped=lambda: self._stopping,
         )
+        found = await anyio.to_thread.run_sync(check, abandon_on_cancel=True)
         self.catalog.publish(server.name, found.tools)
+        self.catalog.set_down(server.name, None)
         names = tuple(sorted(tool.spec.name for tool in found.tools))
         server.why = ""
+        server.since = None
         server.came_up = True
+        if server.listed == (names, found.skipped):
+            return  # listed again after a change, and nothing changed: no event
+        server.listed = (names, found.skipped)
         self._event(McpServerUp(server=server.name, tools=names, skipped=found.skipped))
         log.info("MCP server %s is up: %s", server.name, ", ".join(names) or "no tools")
 
     async def _notified(self, server: _Server, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
+        """A ``tools/list_changed`` asks for one more list: at most one is in flight and one
+        waits, however many changes come (a storm of them costs two lists, not one each)."""
+        if isinstance(message, types.ToolListChangedNotification) and not self._stopping:
+            server.relist = True
+            if server.lister is None or server.lister.done():
+                server.lister = self._loop.create_task(self._relist(server))
+
+    async def _relist(self, server: _Server) -> None:
+        while server.relist and not self._stopping:
+            server.relist = False
             session = server.session
-            if session is not None:
-                try:
-                    await self._list(server, session)
-                except Exception as exc:
-                    log.warning(
-                        "MCP server %s: listing its changed tools failed: %s",
-                        server.name,
-                        _why(exc),
-                    )
+            if session is None:
+                return
+            try:
+                await self._list(server, session, self._loop.time() + server.config.timeout_s)
+            except (ListingStopped, asyncio.CancelledError):
+                return
+            except Exception as exc:
+                log.warning(
+                    "MCP server %s: listing its changed tools failed: %s",
+                    server.name,
+                    _why(exc, server.status),
+                )
 
     def _event(self, event: McpServerUp | McpServerDown) -> None:
         self._last = {**self._last, event.server: event}  # swapped whole: read by any thread
@@ -336,7 +405,8 @@ class McpService:
             why = "the runtime is stopping" if self._stopping else server.why
             if gone and not why:
                 why = "its connection ended"
-            self._answer(call, not_running(server.name, why), server.config.trusted)
+            since = None if self._stopping else server.since
+            self._answer(call, not_running(server.name, why, since), server.config.trusted)
             return
         key = (call.session, call.call_id)
         running = self._calls[key] = _Call()
@@ -358,7 +428,7 @@ class McpService:
         scope = running.scope = anyio.CancelScope()
         try:
             with scope:
-                arguments = parse_json_object(call.arguments) if call.arguments.strip() else {}
+                arguments = decode_arguments(call.arguments)  # bounded: never deep or huge
                 with anyio.fail_after(timeout):
                     result = await session.call_tool(
                         tool.tool, arguments, progress_callback=self._progress(call)
@@ -366,6 +436,8 @@ class McpService:
                 text = result_text(result, self.result_cap)
         except TimeoutError:
             text = f"Error: {call.name} gave no answer within {timeout:g} s"
+        except ArgumentError as exc:
+            text = f"Error: the arguments are not valid: {exc.detail}"
         except Exception as exc:
             text = await self._failed(server, ended, exc)
         finally:
@@ -400,11 +472,12 @@ class McpService:
                 with anyio.fail_after(min(_PING_S, server.config.timeout_s)):
                     await server.session.send_ping()
             except Exception:
-                server.why = f"it stopped answering: {_why(exc)}"
+                server.why = f"it stopped answering: {_why(exc, server.status)}"
                 ended.set()
         if ended is not None and ended.is_set():
-            return f"Error: MCP server {server.name} stopped during the call: {_why(exc)}"
-        return f"Error: {_why(exc)}"
+            why = _why(exc, server.status)
+            return f"Error: MCP server {server.name} stopped during the call: {why}"
+        return f"Error: {_why(exc, server.status)}"
 
     def _answer(self, call: PortCall, text: str, trusted: bool = False) -> None:
         result = ToolResult(call.call_id, text, DataClass.PUBLIC, untrusted=not trusted)

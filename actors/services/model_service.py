@@ -131,16 +131,29 @@ class DaemonExecutor(concurrent.futures.Executor):
                     future.cancel()
                     return
                 self._busy.add(me)
-            if future.set_running_or_notify_cancel():
+            result: Any = None
+            error: BaseException | None = None
+            running = future.set_running_or_notify_cancel()
+            if running:
                 try:
-                    future.set_result(fn(*args))
+                    result = fn(*args)
                 except BaseException as exc:
-                    future.set_exception(exc)
+                    error = exc
+            # Out of the busy set before the future is answered: whoever sees the answer and
+            # then shuts the pool down joins this thread rather than leaving it behind.
             with self._lock:
                 self._busy.discard(me)
-                if self._shut:
-                    return
-                self._idle += 1
+                shut = self._shut
+                if not shut:
+                    self._idle += 1
+            if running:
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(error)
+                    del error  # no cycle through the traceback's frame
+            if shut:
+                return
 
     def threads(self) -> list[threading.Thread]:
         """The pool's threads that are still alive."""

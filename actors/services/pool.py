@@ -64,6 +64,9 @@ LostNotice = Callable[[Any, int], Any]
 STOP_GRACE_S = 1.0
 """The longest a job told to stop may keep its worker before the worker is replaced."""
 
+STOP_JOIN_S = 10.0
+"""The longest the router's stop waits for its idle workers' threads to end."""
+
 
 class IdleQueue:
     """Which worker runs which job: idle workers in turn, queued jobs first come first served."""
@@ -142,6 +145,7 @@ class PoolWorker(pykka.ThreadingActor):
         on_error: ErrorReply,
         router: pykka.ActorRef[Any],
         directory: Directory,
+        threads: dict[int, threading.Thread] | None = None,
     ) -> None:
         super().__init__()
         self.index = index
@@ -149,6 +153,11 @@ class PoolWorker(pykka.ThreadingActor):
         self.on_error = on_error
         self.router = router
         self.directory = directory
+        self.threads = threads
+
+    def on_start(self) -> None:
+        if self.threads is not None:  # so the router can join this thread when it stops
+            self.threads[self.index] = threading.current_thread()
 
     def on_receive(self, message: Any) -> None:
         if not isinstance(message, _Run):
@@ -216,6 +225,7 @@ class PortRouter(pykka.ThreadingActor):
         self.workers: dict[int, pykka.ActorRef[Any]] = {}
         self.assigned: dict[int, Ticket] = {}  # worker -> the sync job it runs
         self.abandoned: dict[int, pykka.ActorRef[Any]] = {}  # replaced, their job still runs
+        self.threads: dict[int, threading.Thread] = {}  # each worker's, once it started
         self.next_worker = size
         self.running: dict[Hashable, Ticket] = {}
         self.timers: dict[Hashable, threading.Timer] = {}
@@ -229,7 +239,9 @@ class PortRouter(pykka.ThreadingActor):
             self.workers[i] = self._worker(i)
 
     def _worker(self, index: int) -> pykka.ActorRef[Any]:
-        return PoolWorker.start(index, self.handler, self.on_error, self.actor_ref, self.directory)
+        return PoolWorker.start(
+            index, self.handler, self.on_error, self.actor_ref, self.directory, self.threads
+        )
 
     def on_stop(self) -> None:
         for timer in self.timers.values():
@@ -240,6 +252,16 @@ class PortRouter(pykka.ThreadingActor):
             task.cancel()  # on the application's loop too, which is not ours to stop
         for worker in [*self.workers.values(), *self.abandoned.values()]:
             worker.stop(block=False)
+        # The idle workers end now; a stop returns once their threads have (a worker in a tool
+        # call is not waited for: its call may never return, and its thread is a daemon).
+        deadline = time.monotonic() + STOP_JOIN_S
+        for index, worker in self.workers.items():
+            if index in self.assigned:
+                continue
+            worker.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
+            thread = self.threads.get(index)
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
         if self.loop is not None:
             self.loop.stop()  # the port's own loop: cancels what still runs, ends its thread
 

@@ -289,6 +289,7 @@ class SessionActor(DispatchedActor):
             self.env.clock,
             agent=self.agent.name,
             approvals=self.env.approvals.get(self.agent.name),
+            slots=self.agent.options.backend != "openai",
         )
         types = self.env.agents.output_types if self.env.agents is not None else OutputTypes()
         rule = types.rule(self.state.baseline, self.env.limits.output_retries)

@@ -8,44 +8,40 @@ server down); 2 bad input (flags, config, ids, files, a home a runtime holds); 1
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
+if TYPE_CHECKING:
+    from actors.core.config import Config
+    from actors.runtime import Runtime
+    from actors.shells.client import ServiceClient
+    from actors.stores.base import StoreBackend
 
-from actors.core.config import Config, ConfigError, check_wait
-from actors.core.text import escape_controls, redact
-from actors.runtime import Runtime
-from actors.shells import approvals_cli, client, mcp_cli
-from actors.shells.render import EventPrinter, table
-from actors.shells.serve import event_line
-from actors.shells.views import show_session, show_session_json
-from actors.stores.base import StoreBackend, StoreError
-from actors.stores.lock import HomeInUse
-from actors.stores.open import open_store
-from actors.stores.reader import StoreReader
-from actors.stores.sqlite import DB_NAME
-from actors.tools.loader import load_tools
-from messages import (
-    FailReason,
-    TurnCompleted,
-    TurnFailed,
-    check_text,
-    check_top_level_session,
-)
+# Every other import is made where it is used: ``loopd --version`` and ``--help`` import none
+# of the runtime, and ``loopd sessions`` / ``approvals`` only the config, the store and the
+# views (bench/bench_cli.py measures it; tests/shells/test_cli_startup.py keeps it so).
 
-__all__ = ["EXIT_TIMEOUT", "build_parser", "main"]
+__all__ = ["EXIT_TIMEOUT", "TOOLS_HINT", "build_parser", "main"]
 
 EXIT_TIMEOUT = 124
-"""``loopd run --timeout`` gave up waiting (as timeout(1) does); distinct from bad input's 2."""
+"""``loopd run --timeout`` gave up waiting (as timeout(1) does); distinct from bad input's 2.
+``loopd approvals --wait --timeout`` exits with it too when no call came to wait."""
+
+TOOLS_HINT = (
+    "port tools are loaded with --tools MODULE:NAME (a PortTool or a list of them; see "
+    "docs/guide.md#tools-on-the-command-line)"
+)
+"""Added to a config error naming a tool no one registered, on a command that takes --tools."""
 
 
 def _config(args: argparse.Namespace) -> Config:
+    import msgspec
+
+    from actors.core.config import Config
+
     config = Config.load(args.config) if args.config is not None else Config()
     # ``is not None``: an empty --home or --base-url is refused by Config, not ignored.
     if args.home is not None:
@@ -68,6 +64,8 @@ def _one_shot(config: Config) -> Config:
 
 def _seconds(text: str) -> float:
     """``--timeout``: a finite number of seconds above 0 (argparse names the flag)."""
+    from actors.core.config_base import check_wait
+
     try:
         value = float(text)
     except ValueError:
@@ -84,8 +82,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the scripted three-level demo with the live event tree on stdout."""
     import tempfile
 
+    import msgspec
+
+    from actors.core.config import Config
+    from actors.runtime import Runtime
     from actors.shells.demo import DEMO_SESSION, DEMO_TEXT, demo_script
+    from actors.shells.render import EventPrinter
     from actors.testing.model import ScriptedModel
+    from messages import TurnCompleted
 
     with tempfile.TemporaryDirectory(prefix="loopd-demo-") as scratch:
         config = Config(home=args.home if args.home is not None else scratch)
@@ -107,6 +111,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _exit_on_sigterm() -> None:
     """Make SIGTERM leave like Ctrl-C does: through ``with Runtime``, so the runtime stops
     cleanly (turns answered CANCELLED, the store written out) before the process exits."""
+    import signal
 
     def leave(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
@@ -122,6 +127,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     The answer and the events are shown with control characters escaped (a model cannot drive
     the terminal); the store keeps them as they were. Scheduled jobs never run here.
     """
+    import msgspec
+
+    from actors.core.text import escape_controls, redact
+    from actors.runtime import Runtime
+    from actors.shells import client
+    from actors.shells.render import EventPrinter
+    from actors.shells.serve import event_line
+    from actors.tools.loader import load_tools
+    from messages import TurnCompleted, check_text, check_top_level_session
+
     config = _one_shot(_config(args))
     remote = client.client_for(args, config)
     if remote is not None:  # a served home, or --connect: through the service
@@ -167,6 +182,8 @@ def _output_schema(path: Path | None) -> dict[str, Any] | None:
     (``ValueError`` naming the file)."""
     if path is None:
         return None
+    import msgspec
+
     from actors.core.output import SchemaError, final_answer_spec
 
     try:
@@ -178,9 +195,13 @@ def _output_schema(path: Path | None) -> dict[str, Any] | None:
     return schema
 
 
-def _timed_out(rt: Runtime | client.ServiceClient, args: argparse.Namespace) -> int:
+def _timed_out(rt: Runtime | ServiceClient, args: argparse.Namespace) -> int:
     """``run --timeout`` ran out: cancel the turn (in ``rt``, or through the service) and say
     exactly what became of it."""
+    import msgspec
+
+    from messages import FailReason, TurnFailed
+
     cancelled = rt.cancel(args.session)
     if cancelled:
         children = len(cancelled) - 1
@@ -202,7 +223,9 @@ def _timed_out(rt: Runtime | client.ServiceClient, args: argparse.Namespace) -> 
 
 def cmd_repl(args: argparse.Namespace) -> int:
     """An interactive Python console with a started runtime (see actors.shells.repl)."""
+    from actors.shells import client
     from actors.shells.repl import run_repl
+    from actors.tools.loader import load_tools
 
     config = _config(args)
     if args.connect is not None:  # a thin console over a service: no runtime here
@@ -222,6 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the runtime and its scheduler until SIGTERM, SIGINT or SIGHUP (see
     actors.shells.serve); a stop signal repeated while the process exits is ignored."""
     from actors.shells.serve import serve
+    from actors.tools.loader import load_tools
 
     config = _config(args)
     tools = load_tools(args.tools)
@@ -238,6 +262,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_sessions(args: argparse.Namespace) -> int:
     """List stored sessions, or show one: through the service on a served home (or the one
     ``--connect`` names), else from the store, read-only."""
+    from actors.shells import client
+    from actors.stores.base import StoreError
+    from actors.stores.open import open_store
+    from actors.stores.reader import StoreReader
+    from actors.stores.sqlite import DB_NAME
+
     config = _config(args)
     remote = client.client_for(args, config)
     if remote is not None:
@@ -270,56 +300,45 @@ def print_sessions(
 ) -> int:
     """``loopd sessions`` (a table of every session, or one JSON line each with ``--json``) or
     ``loopd sessions show ID``."""
+    from actors.shells.views import show_session, show_session_json
+
     if args.action == "show":
         if args.json:
             return show_session_json(store, args.id)
         return show_session(store, args.id, config)
-    infos = store.list_sessions()
+    from actors.shells.views import session_listing, sessions_table
+
+    rows = session_listing(store, config)
     if args.json:
-        for i in infos:
-            print(msgspec.json.encode(_session_row(i)).decode())
+        import msgspec
+
+        for row in rows:
+            print(msgspec.json.encode(session_row(row)).decode())
         return 0
-    if not infos:
-        print("no sessions")
-        return 0
-    rows = [
-        [
-            i.id,
-            str(i.slot),
-            str(i.turns),
-            "yes" if i.untrusted else "no",
-            str(i.messages),
-            i.updated_at,
-        ]
-        for i in infos
-    ]
-    print(table(rows, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    print(sessions_table(rows))
     return 0
 
 
-def _session_row(info: Any) -> dict[str, Any]:
-    """One line of ``loopd sessions --json``."""
-    return {
-        "id": info.id,
-        "slot": info.slot,
-        "turns": info.turns,
-        "untrusted": info.untrusted,
-        "agent": info.agent,
-        "messages": info.messages,
-        "updated_at": info.updated_at,
-    }
+def session_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One line of ``loopd sessions --json``: a ``GET /v1/sessions`` row (``session``,
+    ``agent``, ``parent``, ``state``, ``background``, ``slot``, ``turns``, ``untrusted``,
+    ``messages``, ``created_at``, ``updated_at``), and ``id`` (the same as ``session``, as
+    before)."""
+    return {"id": row["session"], **row}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``loopd``."""
+    """The argument parser of ``loopd``; it imports nothing of the runtime."""
+    from actors.shells import approvals_cli, flags, mcp_cli
+
     parser = argparse.ArgumentParser(
         prog="loopd",
         description="An actor runtime for LLM agent sessions, with subagents.",
         epilog="exit codes: 0 done, 1 the turn failed, a decision was refused or an MCP server "
         "is down, 2 bad input, "
-        f"{EXIT_TIMEOUT} run --timeout ran out, 130 interrupted",
+        f"{EXIT_TIMEOUT} run --timeout (or approvals --wait --timeout) ran out, 130 interrupted",
     )
-    parser.add_argument("--version", action="version", version=f"loopd {_version()}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, *, endpoint: bool = False) -> None:
@@ -355,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="the outcome and events as JSON lines")
     _tools_flag(run)
     run.add_argument("-q", "--quiet", action="store_true", help="no events on stderr")
-    client.add_client_flags(run)
+    flags.add_client_flags(run)
     run.add_argument("text", help="what to say")
     run.set_defaults(fn=cmd_run)
 
@@ -375,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plain", dest="shell", action="store_const", const="plain", help="the plain console"
     )
     _tools_flag(repl)
-    client.add_client_flags(repl)
+    flags.add_client_flags(repl)
     repl.set_defaults(fn=cmd_repl)
 
     serve = sub.add_parser("serve", help="run the runtime and its schedule until SIGTERM")
@@ -392,28 +411,42 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("action", nargs="?", choices=["show"], help="show one session")
     sessions.add_argument("id", nargs="?", help="the session id to show")
     sessions.add_argument("--json", action="store_true", help="one JSON object per line")
-    client.add_client_flags(sessions)
+    flags.add_client_flags(sessions)
     sessions.set_defaults(fn=cmd_sessions)
-    approvals_cli.add_commands(sub, common, _config)
+    approvals_cli.add_commands(sub, common, _config, _seconds)
     for name, remote in (
-        ("approvals", client.remote_approvals),
-        ("approve", lambda c, a: client.remote_decide(c, a, True)),
-        ("deny", lambda c, a: client.remote_decide(c, a, False)),
+        ("approvals", _remote("remote_approvals")),
+        ("approve", _remote("remote_decide", True)),
+        ("deny", _remote("remote_decide", False)),
     ):
-        client.add_client_flags(sub.choices[name])
+        flags.add_client_flags(sub.choices[name])
         local = sub.choices[name].get_default("fn")
         sub.choices[name].set_defaults(fn=_or_service(local, remote))
     mcp_cli.add_commands(sub, common, _config)
     return parser
 
 
+def _remote(name: str, *more: Any) -> Callable[[ServiceClient, argparse.Namespace], int]:
+    """``actors.shells.client``'s ``name`` (imported when called), given ``more`` arguments."""
+
+    def call(through: ServiceClient, args: argparse.Namespace) -> int:
+        from actors.shells import client
+
+        code: int = getattr(client, name)(through, args, *more)
+        return code
+
+    return call
+
+
 def _or_service(
     local: Callable[[argparse.Namespace], int],
-    remote: Callable[[client.ServiceClient, argparse.Namespace], int],
+    remote: Callable[[ServiceClient, argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
     """A command that goes through the service on a served home (or ``--connect``)."""
 
     def run(args: argparse.Namespace) -> int:
+        from actors.shells import client
+
         through = client.client_for(args, _config(args))
         if through is None:
             return local(args)
@@ -425,7 +458,31 @@ def _or_service(
     return run
 
 
+class _Version(argparse.Action):
+    """``--version``: looks the version up only when asked (importlib.metadata is not free)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        print(f"loopd {_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 def _version() -> str:
+    """loopd's installed version: from the name of its ``.dist-info`` folder on ``sys.path``
+    (what importlib.metadata would find first, without its 15-100 ms of imports), else from
+    importlib.metadata (an egg-info install), else ``unknown`` (a source tree)."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("loopd-") and name.endswith(".dist-info"):
+                return name.removeprefix("loopd-").removesuffix(".dist-info")
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("loopd")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
@@ -455,29 +512,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _bad_input() -> tuple[type[BaseException], ...]:
+    """What ``loopd`` answers with its message and exit 2: imported only once one is raised
+    (the modules that raise them are loaded by then)."""
+    from actors.core.config import ConfigError
+    from actors.shells.client import ServiceError
+    from actors.stores.base import StoreError
+    from actors.stores.lock import HomeInUse
+
+    return (ConfigError, StoreError, HomeInUse, ServiceError, ValueError, TypeError, OSError)
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "action", None) == "show" and not args.id:
         parser.error("sessions show needs a session ID")
+    if args.command == "approvals" and args.timeout is not None and not args.wait:
+        parser.error("approvals --timeout goes with --wait")
     try:
         code: int = args.fn(args)
     except BrokenPipeError:  # not bad input: main() ends it quietly
         raise
-    except (
-        ConfigError,
-        StoreError,
-        HomeInUse,
-        client.ServiceError,
-        ValueError,
-        TypeError,
-        OSError,
-    ) as exc:
-        # URL credentials and tokens never reach the terminal, nor do its control sequences.
-        print(f"loopd: {escape_controls(redact(str(exc)))}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not isinstance(exc, _bad_input()):
+            raise
+        from actors.core.text import escape_controls, redact
+
+        text = str(exc)
+        if "no such tool: " in text and hasattr(args, "tools"):
+            text = f"{text}; {TOOLS_HINT}"
+        # URL credentials and tokens never reach the terminal, nor do its control sequences.
+        print(f"loopd: {escape_controls(redact(text))}", file=sys.stderr)
+        return 2
     return code
 
 

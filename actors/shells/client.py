@@ -6,6 +6,9 @@ through that service instead of failing with ``HomeInUse``; ``--connect URL`` re
 anywhere. The token is read from the caller's environment: the variable the home's file names,
 or ``--token-env NAME`` (default ``LOOPD_TOKEN``) with ``--connect``; it is sent as a bearer
 header and never printed. The output is the local commands' (``--json`` too).
+
+httpx is imported when the first request is made, not with this module: building the ``loopd``
+parser (which adds this module's flags) costs none of it.
 """
 
 from __future__ import annotations
@@ -15,17 +18,13 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 
-from actors.core.config import Config
-from actors.core.text import escape_controls, redact
-from actors.shells.render import EventPrinter, approvals_table, table
-from actors.shells.served import Served, find_served
-from actors.shells.views import ShownSession, print_shown, print_shown_json
+from actors.shells.flags import DEFAULT_TOKEN_ENV, add_client_flags
 from actors.stores.base import SessionNotFound, StoredMessage
 from messages import (
     ApprovalRefused,
@@ -41,6 +40,12 @@ from messages import (
     check_top_level_session,
 )
 
+if TYPE_CHECKING:
+    import httpx
+
+    from actors.core.config import Config
+    from actors.shells.views import ShownSession
+
 __all__ = [
     "DEFAULT_TOKEN_ENV",
     "ServiceClient",
@@ -53,17 +58,16 @@ __all__ = [
     "remote_sessions",
 ]
 
-DEFAULT_TOKEN_ENV = "LOOPD_TOKEN"
-"""The variable ``--connect`` reads the token from when ``--token-env`` names none."""
-
 CONNECT_S = 10.0
 """Seconds to connect, send a body or wait for an answer that is not a turn's."""
 
 _EVENTS_AFTER_S = 2.0
 """How long ``run`` waits, after the outcome, for the stream to bring the turn's last events."""
 
+_LOOK_AGAIN_S = 0.5
+"""How often ``approvals --wait`` asks the service again once its event stream was cut."""
+
 _LOCAL_ONLY = (
-    ("output_schema", "--output-schema"),
     ("base_url", "--base-url"),
     ("model", "--model"),
     ("tools", "--tools"),
@@ -102,6 +106,8 @@ class ServiceClient:
         self.url = url.rstrip("/")
         self.token_env = token_env
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        import httpx
+
         self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=CONNECT_S)
 
     def __repr__(self) -> str:  # never the token
@@ -114,6 +120,8 @@ class ServiceClient:
     @contextlib.contextmanager
     def _answer(self, *, timeouts: bool = False) -> Iterator[None]:
         """httpx's errors as :class:`ServiceError` (a timeout kept as is with ``timeouts``)."""
+        import httpx
+
         try:
             yield
         except httpx.TimeoutException:
@@ -143,10 +151,20 @@ class ServiceClient:
             return msgspec.json.decode(self._check(self._http.get(path)).content)
 
     def turn(
-        self, session: str, text: str, agent: str | None, timeout: float | None
+        self,
+        session: str,
+        text: str,
+        agent: str | None,
+        timeout: float | None,
+        output_schema: dict[str, Any] | None = None,
     ) -> TurnOutcome:
-        """Run one turn and wait for its outcome (``TimeoutError`` after ``timeout`` s)."""
-        body = {"text": text, "agent": agent, "wait": True}
+        """Run one turn and wait for its outcome (``TimeoutError`` after ``timeout`` s); with
+        ``output_schema`` the turn is typed."""
+        import httpx
+
+        body: dict[str, Any] = {"text": text, "agent": agent, "wait": True}
+        if output_schema is not None:
+            body["output_schema"] = output_schema
         wait = httpx.Timeout(CONNECT_S, read=timeout)
         path = f"/v1/sessions/{session}/turns"
         try:
@@ -183,6 +201,8 @@ class ServiceClient:
         """``GET /v1/sessions/{id}`` as ``loopd sessions show`` prints it; ``SessionNotFound``
         (the store's own error, so the CLI says what it says locally) for a session that is not
         stored."""
+        from actors.shells.views import ShownSession
+
         with self._answer():
             response = self._http.get(f"/v1/sessions/{session}")
         if response.status_code == 404:
@@ -209,15 +229,60 @@ class ServiceClient:
 
     def approvals(self) -> tuple[ApprovalRequested, ...]:
         """``GET /v1/approvals``: the calls waiting for a person's decision."""
+        from actors.shells.approvals_cli import _request
+
+        return tuple(_request(item) for item in self.approval_items())
+
+    def approval_items(self) -> list[dict[str, Any]]:
+        """``GET /v1/approvals``' items as the service wrote them (every key kept)."""
         answer = self._get("/v1/approvals")
-        items = answer.get("approvals", []) if isinstance(answer, dict) else answer
-        fields = {*ApprovalRequested.__struct_fields__, "type"}
-        found = []
-        for item in items:
-            item = item.get("request", item)  # a stored approval holds its request
-            kept = {k: v for k, v in item.items() if k in fields}
-            found.append(msgspec.convert(kept, ApprovalRequested))
-        return tuple(found)
+        items: list[dict[str, Any]] = (
+            answer.get("approvals", []) if isinstance(answer, dict) else answer
+        )
+        return items
+
+    def wait_approvals(self, timeout: float | None) -> list[dict[str, Any]] | None:
+        """``GET /v1/approvals``' items once at least one call waits; None when ``timeout``
+        seconds passed first. It listens to ``GET /v1/events`` (attached before the first
+        look, so no request falls between) and looks again at each ``ApprovalRequested``:
+        no polling, and the answer comes as soon as the call is stored."""
+        import httpx
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        requested = threading.Event()
+        http = httpx.Client(
+            base_url=self.url, headers=self._headers, timeout=httpx.Timeout(CONNECT_S, read=None)
+        )
+        try:
+            with self._answer():
+                stream = http.stream("GET", "/v1/events")
+                response = self._check(stream.__enter__())
+
+            ended = threading.Event()
+
+            def pump() -> None:
+                with contextlib.suppress(Exception):  # the stream is cut when the wait ends
+                    for line in response.iter_lines():
+                        if line.startswith("event:") and line[6:].strip() == "ApprovalRequested":
+                            requested.set()
+                ended.set()
+                requested.set()
+
+            threading.Thread(target=pump, name="loopd-approvals", daemon=True).start()
+            while True:
+                requested.clear()
+                items = self.approval_items()
+                if items:
+                    return items
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                if ended.is_set():  # the stream is gone (cut, not stopped): look now and then
+                    time.sleep(_LOOK_AGAIN_S if left is None else min(_LOOK_AGAIN_S, left))
+                else:
+                    requested.wait(left)
+        finally:
+            http.close()
 
     def decide(
         self, session: str, call_id: int, approve: bool, note: str, reason: str
@@ -239,6 +304,8 @@ class ServiceClient:
         """Feed ``show`` the events of ``session``'s family from ``GET /v1/events`` while the
         block runs; yields an Event set once ``session``'s ``TurnEnded`` has come. The stream
         is attached (its head came) before the block starts."""
+        import httpx
+
         ended = threading.Event()
         http = httpx.Client(
             base_url=self.url, headers=self._headers, timeout=httpx.Timeout(CONNECT_S, read=None)
@@ -277,16 +344,6 @@ def _sse_data(lines: Iterator[str]) -> Iterator[str]:
             data.append(line[5:].removeprefix(" "))
 
 
-def add_client_flags(p: argparse.ArgumentParser) -> None:
-    """``--connect URL`` and ``--token-env NAME`` on a command that can go through a service."""
-    p.add_argument("--connect", metavar="URL", help="go through the loopd service at URL")
-    p.add_argument(
-        "--token-env",
-        metavar="NAME",
-        help=f"with --connect: the variable holding its token (default {DEFAULT_TOKEN_ENV})",
-    )
-
-
 def client_for(
     args: argparse.Namespace, config: Config, environ: Mapping[str, str] | None = None
 ) -> ServiceClient | None:
@@ -294,6 +351,8 @@ def client_for(
     to work locally. ``ServiceError`` when the token's variable is unset or empty."""
     environ = os.environ if environ is None else environ
     url = getattr(args, "connect", None)
+    from actors.shells.served import find_served
+
     if url is not None:
         if not url.startswith(("http://", "https://")):
             raise ServiceError(f"--connect wants an http:// or https:// URL, not {url!r}")
@@ -303,7 +362,7 @@ def client_for(
         return ServiceClient(url, _token(environ, name, url), name)
     if getattr(args, "token_env", None) is not None:
         raise ServiceError("--token-env goes with --connect")
-    served: Served | None = find_served(config.home_path)
+    served = find_served(config.home_path)
     if served is None:
         return None
     token = None if served.token_env is None else _token(environ, served.token_env, served.url)
@@ -324,6 +383,9 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
     """``loopd run`` through the service: the answer on stdout, the family's events on
     stderr. ``TimeoutError`` when ``--timeout`` runs out (the caller cancels the turn through
     ``client`` and exits 124, as locally)."""
+    from actors.core.text import escape_controls, redact
+    from actors.shells.render import EventPrinter
+
     for name, flag in _LOCAL_ONLY:
         if getattr(args, name, None):
             raise ServiceError(
@@ -332,6 +394,9 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
             )
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
+    from actors.shells.cli import _output_schema
+
+    schema = _output_schema(getattr(args, "output_schema", None))
     if args.json:
 
         def show(event: TurnEvent) -> None:
@@ -342,7 +407,7 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
     with contextlib.ExitStack() as stack:
         if not args.quiet:
             stack.enter_context(client.events(args.session, show))
-        outcome = client.turn(args.session, args.text, args.agent, args.timeout)
+        outcome = client.turn(args.session, args.text, args.agent, args.timeout, schema)
     if args.json:
         print(msgspec.json.encode(outcome).decode())
         return 0 if isinstance(outcome, TurnCompleted) else 1
@@ -359,40 +424,21 @@ def remote_sessions(client: ServiceClient, args: argparse.Namespace) -> int:
     if args.action == "show":
         return _remote_show(client, args)
     rows = [r for r in client.sessions() if "slot" in r]  # opened but not stored yet: not shown
-    if args.json:
+    if args.json:  # the service's row as it came, and its ``id`` (as the local lines have)
         for r in rows:
-            line = {
-                "id": r["session"],
-                "slot": r["slot"],
-                "turns": r["turns"],
-                "untrusted": r["untrusted"],
-                "agent": r["agent"],
-                "messages": r["messages"],
-                "updated_at": r["updated_at"],
-            }
-            print(msgspec.json.encode(line).decode())
+            print(msgspec.json.encode({"id": r["session"], **r}).decode())
         return 0
-    if not rows:
-        print("no sessions")
-        return 0
-    cells = [
-        [
-            r["session"],
-            str(r["slot"]),
-            str(r["turns"]),
-            "yes" if r["untrusted"] else "no",
-            str(r["messages"]),
-            r["updated_at"],
-        ]
-        for r in rows
-    ]
-    print(table(cells, ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]))
+    from actors.shells.views import sessions_table
+
+    print(sessions_table(rows))
     return 0
 
 
 def _remote_show(client: ServiceClient, args: argparse.Namespace) -> int:
     """``sessions show ID`` through the service: what the store-side command prints (text or
     ``--json``), from the service's view of the session."""
+    from actors.shells.views import print_shown, print_shown_json
+
     shown = client.shown(check_session_id(args.id))
     if args.json:
         print_shown_json(shown)
@@ -402,8 +448,18 @@ def _remote_show(client: ServiceClient, args: argparse.Namespace) -> int:
 
 
 def remote_approvals(client: ServiceClient, args: argparse.Namespace) -> int:
-    """``loopd approvals`` through the service."""
-    print(approvals_table(client.approvals()))
+    """``loopd approvals`` through the service (``--json``: the service's items, one a line;
+    ``--wait``: once a call waits, see :meth:`ServiceClient.wait_approvals`)."""
+    from actors.shells.approvals_cli import print_requests, wait_timed_out
+
+    json_lines = getattr(args, "json", False)
+    if getattr(args, "wait", False):
+        items = client.wait_approvals(args.timeout)
+        if items is None:
+            return wait_timed_out(args.timeout)
+    else:
+        items = client.approval_items()
+    print_requests(items, json_lines=json_lines)
     return 0
 
 

@@ -11,28 +11,27 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import msgspec
-
-from actors.core.config import Config
-from actors.core.dispatch import Registry
-from actors.core.mcp_tools import McpCatalog
-from actors.core.text import escape_controls
-from actors.dispatcher.directory import Directory
-from actors.runtime.parts import _mcp_service
-from actors.shells.render import table
-from messages import McpServerDown, McpServerUp
+if TYPE_CHECKING:
+    from actors.core.config import Config
+    from messages import McpServerDown, McpServerUp
 
 __all__ = ["add_commands", "cmd_mcp", "server_states"]
 
-ConfigOf = Callable[[argparse.Namespace], Config]
-State = McpServerUp | McpServerDown | None
+ConfigOf = Callable[[argparse.Namespace], "Config"]
+State: TypeAlias = "McpServerUp | McpServerDown | None"
 
 
 def server_states(config: Config) -> dict[str, State]:
     """Start ``config``'s MCP servers, wait for each as ``Runtime.start`` does, stop them, and
     return each one's state by name (None: still starting when the wait ended)."""
+    # Here, not above: building the ``loopd`` parser imports this module.
+    from actors.core.dispatch import Registry
+    from actors.core.mcp_tools import McpCatalog
+    from actors.dispatcher.directory import Directory
+    from actors.runtime.parts import _mcp_service
+
     service = _mcp_service(config, Registry(mcp=McpCatalog(config.mcp)), Directory())
     if service is None:
         return {}
@@ -47,6 +46,8 @@ def server_states(config: Config) -> dict[str, State]:
 
 def _row(name: str, state: State) -> dict[str, Any]:
     """One line of ``loopd mcp --json``."""
+    from messages import McpServerUp
+
     if isinstance(state, McpServerUp):
         return {"server": name, "state": "up", "tools": state.tools, "skipped": state.skipped}
     why = "it did not come up within its timeout_s" if state is None else state.detail
@@ -55,6 +56,10 @@ def _row(name: str, state: State) -> dict[str, Any]:
 
 def cmd_mcp(args: argparse.Namespace, config: Config) -> int:
     """Print each MCP server's state; 0 if all are up, 1 otherwise."""
+    import msgspec
+
+    from actors.core.text import escape_controls
+
     rows = [_row(name, state) for name, state in server_states(config).items()]
     if args.json:
         for row in rows:
@@ -62,6 +67,8 @@ def cmd_mcp(args: argparse.Namespace, config: Config) -> int:
     elif not rows:
         print("no MCP servers: the config has no [mcp.NAME] table")
     else:
+        from actors.shells.render import table
+
         cells = [
             [r["server"], "up", ", ".join(r["tools"]) or "no tools", ", ".join(r["skipped"])]
             if r["state"] == "up"

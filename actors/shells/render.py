@@ -80,8 +80,12 @@ def _slot_note(event: ModelAnswered) -> str:
 
 def _describe(event: TurnEvent) -> str:
     match event:
+        case TurnStarted(slot=None):
+            return "turn started"  # the server has no slots (the openai backend)
         case TurnStarted(slot=slot):
             return f"turn started on slot {slot}"
+        case ModelRequestSent(step=step, slot=None):
+            return f"→ model request {step}"
         case ModelRequestSent(step=step, slot=slot):
             return f"→ model request {step} (slot {slot})"
         case ModelAnswered(tools=tools, content=content) if tools:
@@ -119,8 +123,10 @@ def _describe(event: TurnEvent) -> str:
         case ApprovalRequested(call_id=call_id, tool=tool, arguments=arguments):
             flag = " (untrusted session)" if event.untrusted else ""
             return f"  call {call_id} {tool} waits for a person{flag}: {_preview(arguments)}"
-        case ApprovalSettled(call_id=call_id, approved=approved):
-            return f"  call {call_id} {'approved' if approved else 'declined'}"
+        case ApprovalSettled(call_id=call_id, approved=True, note=note):
+            return f"  call {call_id} approved" + (f": {note}" if note else "")
+        case ApprovalSettled(call_id=call_id, reason=reason):
+            return f"  call {call_id} declined" + (f": {reason}" if reason else "")
     return type(event).__name__
 
 

@@ -15,26 +15,39 @@ from typing import Any, Protocol
 import msgspec
 
 from actors.core.config import Config
+from actors.core.output import ANSWER_BY_CALLING, is_wrapped
 from actors.core.text import escape_controls
 from actors.core.usage import SUMMARY, add_usage, format_usage, total_usage
 from actors.shells.render import table
 from actors.stores.base import SessionNotFound, StoreBackend, StoredMessage
-from messages import SessionRecord, Usage, check_session_id
+from messages import CallDecision, ChatMessage, SessionRecord, Usage, check_session_id
+
+STATES = ("idle", "running", "waiting", "completed", "failed", "cancelled")
+"""The one state vocabulary of the page, ``loopd sessions`` and ``GET /v1/sessions``."""
 
 __all__ = [
+    "STATES",
     "SessionRow",
     "SessionTable",
     "SessionView",
     "ShownSession",
+    "decision_text",
     "print_shown",
     "print_shown_json",
     "session_backend",
+    "session_listing",
     "session_view",
+    "sessions_table",
     "show_session",
     "show_session_json",
     "shown_from_store",
     "slot_text",
+    "state_text",
+    "stored_state",
+    "turn_outputs",
+    "turn_spans",
     "turn_usage",
+    "typed_wrapped",
 ]
 
 
@@ -111,25 +124,85 @@ class _Reader(Protocol):
     def history(self, id: str) -> list[StoredMessage]: ...
 
 
+def _begins_turn(message: ChatMessage, before: ChatMessage | None) -> bool:
+    """True if ``message`` begins a turn: a user message, but not a compaction summary, not
+    the nudge of a typed turn (``Answer by calling final_answer.``), and not a background
+    child's report (named ``subagent``) delivered into a running turn (after a tool result or
+    another report, where a report that starts a turn of its own follows a finished answer)."""
+    if message.role != "user":
+        return False
+    content = message.content or ""
+    if content.startswith(SUMMARY) or content == ANSWER_BY_CALLING:
+        return False
+    if message.name == "subagent" and before is not None:
+        return before.role == "assistant" and not before.tool_calls
+    return True
+
+
+def turn_spans(history: list[StoredMessage]) -> list[list[StoredMessage]]:
+    """``history`` cut into turns, each from the message that began it (see
+    :func:`_begins_turn`); what comes before the first turn (a compaction summary) is left
+    out."""
+    spans: list[list[StoredMessage]] = []
+    before: ChatMessage | None = None
+    for stored in history:
+        if _begins_turn(stored.message, before):
+            spans.append([])
+        if spans:
+            spans[-1].append(stored)
+        before = stored.message
+    return spans
+
+
+def turn_outputs(history: list[StoredMessage], wrapped: bool = False) -> list[object]:
+    """The validated output of each turn of ``history`` (None for a text turn): the arguments
+    of the turn's ``final_answer`` call that was not denied, the inner ``value`` when the
+    session's schema is ``wrapped`` (not an object)."""
+    outputs: list[object] = []
+    for span in turn_spans(history):
+        results = {
+            m.message.tool_call_id: m.message.content or ""
+            for m in span
+            if m.message.role == "tool"
+        }
+        found: object = None
+        for stored in span:
+            for call in stored.message.tool_calls:
+                text = results.get(call.id)
+                if call.name != "final_answer" or text is None or text.startswith("Denied:"):
+                    continue
+                try:
+                    value = msgspec.json.decode(call.arguments)
+                except msgspec.DecodeError:
+                    continue
+                found = value.get("value") if wrapped and isinstance(value, dict) else value
+        outputs.append(found)
+    return outputs
+
+
 def turn_usage(store: _Reader, session: str, *, _depth: int = 0) -> list[tuple[Usage, Usage]]:
     """``(own, with children)`` usage of each stored turn of ``session``, in order.
 
     ``own`` sums the usage stored with the session's answers in that turn; ``with children``
     adds every child that turn spawned (``sub-<session>-<call id>``), their children included.
-    A turn begins at each user message that is not a compaction summary. Compacted messages
-    count (they were spent); a summary request's own tokens are not stored, so not counted.
+    A turn begins where :func:`turn_spans` says: a typed turn's nudge, a background report
+    delivered into a running turn and a compaction summary are parts of the turn they are in.
+    Compacted messages count (they were spent); a summary request's own tokens are not stored,
+    so not counted.
     """
     turns: list[tuple[Usage, Usage]] = []
+    for span in turn_spans(store.history(session)):
+        own, total = _span_usage(store, session, span, _depth)
+        turns.append((own, total))
+    return turns
+
+
+def _span_usage(
+    store: _Reader, session: str, span: list[StoredMessage], _depth: int
+) -> tuple[Usage, Usage]:
     own = total = Usage()
-    started = False
-    for stored in store.history(session):
+    for stored in span:
         message = stored.message
-        if message.role == "user" and not (message.content or "").startswith(SUMMARY):
-            if started:
-                turns.append((own, total))
-            own = total = Usage()
-            started = True
-            continue
         if message.usage is not None:
             own = add_usage(own, message.usage)
             total = add_usage(total, message.usage)
@@ -142,9 +215,7 @@ def turn_usage(store: _Reader, session: str, *, _depth: int = 0) -> list[tuple[U
             except SessionNotFound:
                 continue
             total = add_usage(total, total_usage(t for _, t in below))
-    if started:
-        turns.append((own, total))
-    return turns
+    return own, total
 
 
 @dataclass(frozen=True)
@@ -184,6 +255,7 @@ def shown_from_store(
 ) -> ShownSession:
     """``session`` as ``loopd sessions show`` prints it, read from ``store`` (only read)."""
     record = store.open(check_session_id(session))
+    history = store.history(session)
     return ShownSession(
         id=record.id,
         slot=record.slot,
@@ -194,8 +266,15 @@ def shown_from_store(
         next_call_id=record.next_call_id,
         children=tuple(store.children(session)),
         turn_usage=tuple(turn_usage(store, session)),
-        history=tuple(store.history(session)),
+        history=tuple(history),
     )
+
+
+def typed_wrapped(record: SessionRecord) -> bool:
+    """True if ``record``'s session is typed with a schema that is not an object (its
+    ``final_answer`` wraps it as ``value``)."""
+    spec = next((t for t in record.baseline.tools if t.name == "final_answer"), None)
+    return spec is not None and is_wrapped(spec)
 
 
 def show_session_json(store: StoreBackend, session: str) -> int:
@@ -221,6 +300,14 @@ def print_shown_json(shown: ShownSession) -> None:
     for stored in shown.history:
         line = {"seq": stored.seq, "compacted": stored.compacted, "message": stored.message}
         print(msgspec.json.encode(line).decode())
+
+
+def decision_text(decision: CallDecision) -> str:
+    """How a call that waited was decided, for a person: ``approved (note: ship it)``,
+    ``declined: not on a Friday``."""
+    if decision.approved:
+        return "approved" + (f" (note: {decision.note})" if decision.note else "")
+    return f"declined: {decision.reason or ''}"
 
 
 def slot_text(record: SessionRecord, config: Config | None) -> str:
@@ -266,6 +353,11 @@ def print_shown(shown: ShownSession) -> None:
         if everything != mine:
             line += f"; with children {format_usage(everything)}"
         print(line)
+    # A typed turn's output: its final_answer's arguments, as the model wrote them.
+    for number, output in enumerate(turn_outputs(list(shown.history)), 1):
+        if output is not None:
+            shown_output = msgspec.json.encode(output).decode()
+            print(escape_controls(f"  turn {number} output: {shown_output}", one_line=True))
     print()
     for stored in shown.history:
         m = stored.message
@@ -273,10 +365,141 @@ def print_shown(shown: ShownSession) -> None:
         who = m.role + (f" {m.name}" if m.name else "")
         if m.tool_call_id is not None:
             who += f" #{m.tool_call_id}"
+        if m.untrusted:
+            mark += " (untrusted)"
         print(escape_controls(f"[{stored.seq}] {who}{mark}", one_line=True))
+        if m.decision is not None:
+            print(escape_controls(f"    {decision_text(m.decision)}", one_line=True))
         if m.content:
             for line in m.content.split("\n"):
                 print(f"    {escape_controls(line)}")
         for call in m.tool_calls:
             shown_call = f"    → #{call.id} {call.name}({call.as_written})"
             print(escape_controls(shown_call, one_line=True))
+
+
+def stored_state(turns: int, history: list[StoredMessage], *, waiting: bool = False) -> str:
+    """A session's state as its store tells it (no runtime runs it now): ``waiting`` when a
+    call of its own waits for a person, ``idle`` before its first turn, ``completed`` when
+    its last turn ended in an answer, else ``failed`` (a turn cut off before its answer: the
+    store keeps no outcome, so a cancel reads as ``failed`` here; a running service knows
+    better from the events)."""
+    if waiting:
+        return "waiting"
+    if turns == 0 or not history:
+        return "idle"
+    last = history[-1].message
+    if last.role == "assistant" and not last.tool_calls:
+        return "completed"
+    return "failed"
+
+
+def spawned_in_background(parent_history: list[StoredMessage], call_id: int) -> bool:
+    """True if the parent's ``subagent`` call ``call_id`` asked for a background child."""
+    for stored in parent_history:
+        for call in stored.message.tool_calls:
+            if call.id != call_id:
+                continue
+            try:
+                arguments = msgspec.json.decode(call.arguments)
+            except msgspec.DecodeError:
+                return False
+            if call.name == "call_tool" and isinstance(arguments, dict):
+                arguments = arguments.get("arguments")
+            return isinstance(arguments, dict) and arguments.get("background") is True
+    return False
+
+
+def _call_of(child: str, parent: str) -> int | None:
+    """The call id that spawned ``child`` of ``parent`` (``sub-<parent>-<id>``)."""
+    tail = child[len("sub-") + len(parent) + 1 :]
+    return int(tail) if child.startswith(f"sub-{parent}-") and tail.isdigit() else None
+
+
+def session_listing(
+    store: StoreBackend,
+    config: Config | None = None,
+    *,
+    running: frozenset[str] = frozenset(),
+    known: dict[str, tuple[str, bool]] | None = None,
+) -> list[dict[str, Any]]:
+    """Every stored session as ``GET /v1/sessions`` lists it (and ``loopd sessions``): id,
+    agent, parent, ``state`` (:data:`STATES`), ``background``, slot (None where the profile's
+    server has no slots), turns, untrusted, messages, times.
+
+    ``known``: what a running service saw of a session in the events (its state, and whether
+    it runs in the background), which wins over the store; ``running``: the sessions a
+    runtime runs now that ``known`` does not name. A session neither names is read from the
+    store (:func:`stored_state`; its waiting calls from the stored approvals).
+    """
+    known = known or {}
+    infos = store.list_sessions()
+    waiting = {a.request.session for a in store.approvals() if a.approved is None}
+    histories: dict[str, list[StoredMessage]] = {}
+
+    def history(session: str) -> list[StoredMessage]:
+        if session not in histories:
+            try:
+                histories[session] = store.history(session)
+            except SessionNotFound:
+                histories[session] = []
+        return histories[session]
+
+    rows: list[dict[str, Any]] = []
+    for i in infos:
+        if i.id in known:
+            state, background = known[i.id]
+        else:
+            if i.id in waiting:
+                state = "waiting"
+            elif i.id in running:
+                state = "running"
+            else:
+                state = stored_state(i.turns, history(i.id))
+            call = _call_of(i.id, i.parent) if i.parent else None
+            background = call is not None and spawned_in_background(history(i.parent or ""), call)
+        backend = session_backend(i.agent, config)
+        rows.append(
+            {
+                "session": i.id,
+                "agent": i.agent,
+                "parent": i.parent,
+                "state": state,
+                "background": background,
+                "slot": None if backend == "openai" else i.slot,
+                "turns": i.turns,
+                "untrusted": i.untrusted,
+                "messages": i.messages,
+                "created_at": i.created_at,
+                "updated_at": i.updated_at,
+            }
+        )
+    return rows
+
+
+def state_text(row: dict[str, Any]) -> str:
+    """A listed session's state as a person reads it: ``completed``, ``running background``."""
+    state = str(row.get("state") or "-")
+    return state + (" background" if row.get("background") else "")
+
+
+def sessions_table(rows: list[dict[str, Any]]) -> str:
+    """``loopd sessions``: the rows of :func:`session_listing` (or of ``GET /v1/sessions``) as
+    a table; the slot is ``-`` where the server has none; ``no sessions`` when empty."""
+    if not rows:
+        return "no sessions"
+    cells = [
+        [
+            str(r["session"]),
+            str(r.get("agent") or "-"),
+            state_text(r),
+            "-" if r.get("slot") is None else str(r["slot"]),
+            str(r.get("turns", "-")),
+            "yes" if r.get("untrusted") else "no",
+            str(r.get("messages", "-")),
+            str(r.get("updated_at") or "-"),
+        ]
+        for r in rows
+    ]
+    header = ["SESSION", "AGENT", "STATE", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]
+    return table(cells, header)

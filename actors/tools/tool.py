@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.dispatch import ArgumentError, parse_json_object
 from actors.tools.context import Ticket, ToolContext
 from messages import (
@@ -119,6 +120,7 @@ class PortTool:
     approval: bool = False
     _context: str | None = field(init=False, repr=False, compare=False, default=None)
     _async: bool = field(init=False, repr=False, compare=False, default=False)
+    _validator: Any = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         # Looked up once: the name of fn's ToolContext parameter, if it has one, and whether
@@ -135,6 +137,47 @@ class PortTool:
     def name(self) -> str:
         """The tool's name."""
         return self.spec.name
+
+    def check_arguments(self, arguments: str) -> str | None:
+        """The ``INVALID_ARGUMENTS`` detail ``arguments`` (the model's raw JSON) earn against
+        the tool's schema (``spec.parameters``, checked with the ``jsonschema`` package;
+        naming the field: ``service: 'service' is a required property``), or None when they
+        fit. Decoded bounded first (``actors.core.bounded``). A call that waits for a person
+        is checked so before anyone is asked; a schema the metaschema refuses checks only
+        that the arguments are a JSON object."""
+        try:
+            value = decode_json(arguments)
+        except OutOfBounds as exc:
+            return exc.detail
+        if not isinstance(value, dict):
+            return "arguments must be a JSON object"
+        validator = self._schema_validator()
+        if validator is False:
+            return None
+        import jsonschema
+
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is None:
+            return None
+        path = ".".join(str(part) for part in error.absolute_path)
+        return f"{path}: {error.message}" if path else str(error.message)
+
+    def _schema_validator(self) -> Any:
+        """The schema's validator, built at its first use (False: the schema is not valid)."""
+        if self._validator is None:
+            import jsonschema
+
+            schema = self.spec.parameters
+            cls = jsonschema.validators.validator_for(
+                schema, default=jsonschema.Draft202012Validator
+            )
+            try:
+                cls.check_schema(schema)
+                validator: Any = cls(schema)
+            except jsonschema.SchemaError:
+                validator = False
+            object.__setattr__(self, "_validator", validator)
+        return self._validator
 
     def run(self, call_id: int, arguments: str, context: ToolContext | None = None) -> ToolResult:
         """Run the tool for call ``call_id``; every failure becomes the call's result text.

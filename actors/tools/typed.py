@@ -32,6 +32,7 @@ from typing import Annotated, Any, overload
 
 import msgspec
 
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.dispatch import ArgumentError, parse_json_object
 from actors.tools.context import ToolContext
 from actors.tools.tool import PortTool, ToolOutput, is_async_callable
@@ -240,6 +241,19 @@ class TypedTool(PortTool):
     """A :class:`PortTool` made from a typed function (see the module's doc)."""
 
     shape: ToolShape | None = None
+
+    def check_arguments(self, arguments: str) -> str | None:
+        """The ``INVALID_ARGUMENTS`` detail ``arguments`` earn against the function's
+        signature (the same check :meth:`run` makes before the function runs), or None."""
+        assert self.shape is not None
+        try:
+            decode_json(arguments)
+            decode_arguments(self.shape, arguments)
+        except OutOfBounds as exc:
+            return exc.detail
+        except ArgumentError as exc:
+            return exc.detail
+        return None
 
     def run(self, call_id: int, arguments: str, context: ToolContext | None = None) -> ToolResult:
         """Check the arguments, then call the function; every failure becomes the call's text

@@ -31,8 +31,9 @@ Trace = dict[str, str]
 
 class Tracer(Protocol):
     """What a runtime tells a tracer. Every method is called from actor threads, concurrently,
-    and must not block. It should not raise either; what it raises anyway is caught, logged
-    once and ignored (the runtime calls it through a :class:`GuardedTracer`)."""
+    and must not block. It should not raise either; what it raises anyway (any
+    ``BaseException`` but ``KeyboardInterrupt``) is caught, logged once and ignored (the runtime
+    calls it through a :class:`GuardedTracer`)."""
 
     def configure(self, config: Config) -> None:
         """Called once by ``Runtime.start`` with the runtime's configuration."""
@@ -67,7 +68,8 @@ class NoTracer:
 
 class GuardedTracer:
     """Another tracer, made safe: whatever it raises (a span processor or exporter that fails,
-    a broken propagator) is caught, so telemetry never changes a turn's outcome.
+    a broken propagator), any ``BaseException`` but ``KeyboardInterrupt`` (``SystemExit``
+    included), is caught, so telemetry never changes a turn's outcome or what is stored.
 
     The first failure is logged as a warning with its traceback; later ones are only counted
     (:attr:`failures`) and logged at debug level, so a tracer that fails on every event does not
@@ -101,14 +103,18 @@ class GuardedTracer:
         """The inner tracer's ``configure``; a failure is logged and tracing goes on."""
         try:
             self.inner.configure(config)
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # SystemExit too: an optional part never ends a turn
             self._failed("configure")
 
     def caller_trace(self) -> Trace | None:
         """The inner tracer's answer, or None when it raises."""
         try:
             return self.inner.caller_trace()
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # SystemExit too: an optional part never ends a turn
             self._failed("caller_trace")
             return None
 
@@ -116,7 +122,9 @@ class GuardedTracer:
         """Hand ``event`` on; what the inner tracer raises stops here."""
         try:
             self.inner.on_event(event, trace)
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # SystemExit too: an optional part never ends a turn
             self._failed(f"on_event({type(event).__name__})")
 
     def call_trace(self, session: str, call_id: int) -> Trace | None:
@@ -124,7 +132,9 @@ class GuardedTracer:
         root)."""
         try:
             return self.inner.call_trace(session, call_id)
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # SystemExit too: an optional part never ends a turn
             self._failed("call_trace")
             return None
 

@@ -137,8 +137,9 @@ class OtelTracer:
                         "gen_ai.operation.name": "chat",
                         "gen_ai.request.model": model,
                         "loopd.session": event.session,
-                        "loopd.slot": event.slot,
                         "loopd.step": event.step,
+                        # no slot where the server has none (the openai backend)
+                        **({} if event.slot is None else {"loopd.slot": event.slot}),
                     },
                 )
             case ModelAnswered():
@@ -200,7 +201,7 @@ class OtelTracer:
                 "gen_ai.conversation.id": event.session,
                 "gen_ai.request.model": self.model_of(event.session),
                 "loopd.session": event.session,
-                "loopd.slot": event.slot,
+                **({} if event.slot is None else {"loopd.slot": event.slot}),
             },
         )
         with self._lock:
@@ -262,11 +263,13 @@ class OtelTracer:
 def _end_all(spans: list[Span]) -> None:
     """End every span, even when a span processor raises at one of them; the first error is
     raised after the others have ended (the runtime's tracer guard logs it)."""
-    failed: Exception | None = None
+    failed: BaseException | None = None
     for span in spans:
         try:
             span.end()
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: the other spans still end
             failed = failed or exc
     if failed is not None:
         raise failed

@@ -551,3 +551,37 @@ def test_a_new_sessions_home_slot_is_the_first_of_its_pool() -> None:
     ):
         for pool in ("main", "background"):
             assert slots.home_slot(pool) == slots.pool(pool)[0], (slots, pool)
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [("[approvals]\ntools", "approvals.tools"), ("[agents.ops]\napprove", "agents.ops.approve")],
+)
+@pytest.mark.parametrize(
+    ("pattern", "named"),
+    [
+        ("**", "'**' is not a tool name or pattern: a '*' may only end a name"),
+        ("a*b", "'a*b' is not a tool name or pattern"),
+        ("*clock", "'*clock' is not a tool name or pattern"),
+        ("github__**", "'github__**' is not a tool name or pattern"),
+        ("", "an empty tool name"),
+        ("final_answer", "'final_answer' never waits for a person"),
+    ],
+)
+def test_an_approval_pattern_that_cannot_mean_what_it_seems_is_refused_naming_it(
+    table: str, key: str, pattern: str, named: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Config.from_toml(f"{table} = [{pattern!r}]".replace("'", '"', 2))
+    assert f"{key}: {named}" in str(refused.value)
+
+
+def test_approval_patterns_ending_in_a_star_are_prefixes() -> None:
+    from actors.core.approvals import approval_policies
+
+    config = Config.from_toml('[approvals]\ntools = ["clock*", "github__*"]')
+    (policy,) = approval_policies(config).values()
+    assert policy.needs("clock") and policy.needs("clock2") and policy.needs("github__merge")
+    assert not policy.needs("deploy")
+    (every,) = approval_policies(Config.from_toml('[approvals]\ntools = ["*"]')).values()
+    assert all(every.needs(n) for n in ("clock", "remember", "subagent", "x__y", "deploy"))

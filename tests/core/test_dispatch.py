@@ -150,15 +150,20 @@ def test_call_tool_with_arguments_already_encoded_as_text() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("args_text", ["\ud800", '{"task": "\udc00"}'])
-def test_lone_surrogate_in_arguments_is_denied_not_raised(kind: str, args_text: str) -> None:
+@pytest.mark.parametrize(
+    ("args_text", "named"), [("\ud800", "\\ud800"), ('{"task": "\udc00"}', "\\udc00")]
+)
+def test_lone_surrogate_in_arguments_is_denied_not_raised(
+    kind: str, args_text: str, named: str
+) -> None:
     # A Python str can hold a lone surrogate (an in-process model can produce one); it is not
-    # valid JSON text, so it is rule 1, not an exception out of the session actor.
+    # valid Unicode text, so it is denied naming the surrogate, not an exception out of the
+    # session actor (nor "not a JSON object", which would be false).
     if kind == "call_tool":
         result = dispatch(REGISTRY, "call_tool", args_text, NOW)
     else:
         result = dispatch(REGISTRY, "subagent", args_text, NOW)
-    assert result == invalid("arguments must be a JSON object")
+    assert result == invalid(f"not valid JSON: a lone surrogate ({named}) in the text")
 
 
 # --- call_tool's own checks -----------------------------------------------------------------

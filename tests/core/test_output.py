@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
@@ -14,6 +14,7 @@ from actors.core.dispatch import Registry
 from actors.core.limits import Limits
 from actors.core.output import (
     ACCEPTED,
+    Answer,
     FinalAnswer,
     Invalid,
     OutputRule,
@@ -24,6 +25,7 @@ from actors.core.output import (
     schema_of,
     with_output,
 )
+from actors.core.output_schema import MAX_SCHEMA_BYTES, MAX_SCHEMA_OBJECTS, schema_problem
 from actors.core.session_state import SessionState
 from actors.core.turn import Turn
 from actors.core.turn_effects import Finish, Persist, RequestModel
@@ -170,3 +172,175 @@ def test_call_tool_reaches_final_answer_only_for_a_profile_that_may_use_call_too
     assert outcome == TurnCompleted("s", '{"name":"fig"}', output={"name": "fig"})
     first_result = next(m for m in turn.state.transcript if m.role == "tool")
     assert first_result.content == "Denied: there is no tool with this name: call_tool."
+
+
+# Hostile schemas and answers (issue 32, A6-A11): each refused naming what was wrong, quickly.
+
+CATASTROPHIC = {
+    "type": "object",
+    "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}},
+    "patternProperties": {"^(b+)+$": {"type": "integer"}},
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.timeout(30)
+def test_a_catastrophic_pattern_is_matched_without_backtracking() -> None:
+    rule = OutputRule(final_answer_spec(CATASTROPHIC))
+    denied = rule.validate('{"a": "' + "a" * 34 + '!"}')
+    assert denied == Invalid(f"'{'a' * 34}!' does not match '^(a+)+$' - at `$.a`")
+    assert rule.validate('{"a": "aaa"}') == Answer({"a": "aaa"}, '{"a":"aaa"}')
+    key = "b" * 34 + "!"  # patternProperties and additionalProperties match keys with RE2
+    assert isinstance(rule.validate(f'{{"{key}": 1}}'), Invalid)
+    assert isinstance(rule.validate('{"bbb": 1}'), Answer)
+
+
+class Patterned(msgspec.Struct):
+    a: Annotated[str, msgspec.Meta(pattern="^(a+)+$")]
+
+
+@pytest.mark.timeout(30)
+def test_a_struct_with_a_catastrophic_pattern_is_screened_by_re2_before_msgspec() -> None:
+    types = OutputTypes()
+    spec = types.register(Patterned)
+    rule = OutputRule(spec, types.kind(spec))
+    assert isinstance(rule.validate('{"a": "' + "a" * 34 + '!"}'), Invalid)
+    answer = rule.validate('{"a": "aa"}')
+    assert isinstance(answer, Answer) and answer.value == {"a": "aa"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a)\\1"}}},
+            "the pattern '(a)\\\\1' at $.properties.a.pattern cannot be used: RE2",
+        ),
+        (
+            {"type": "string", "pattern": "x(?=y)"},
+            "the pattern 'x(?=y)' at $.pattern cannot be used",
+        ),
+        (
+            {"type": "object", "patternProperties": {"(?<=a)b": {}}},
+            "the pattern '(?<=a)b' at $.patternProperties cannot be used",
+        ),
+        (
+            {"type": "object", "properties": {"p": {"type": "string", "format": "regex"}}},
+            None,  # format: regex on a value is not a pattern of the schema: accepted
+        ),
+        (
+            {"type": "string", "pattern": "\\z"},  # RE2's end of text, which Python's re lacks
+            None,
+        ),
+    ],
+)
+def test_a_pattern_re2_cannot_run_is_refused_at_load_naming_it(
+    schema: dict[str, Any], named: str | None
+) -> None:
+    if named is None:
+        final_answer_spec(schema)
+        return
+    with pytest.raises(SchemaError) as refused:
+        final_answer_spec(schema)
+    assert named in str(refused.value)
+
+
+def test_a_schema_past_the_size_limits_is_refused_naming_the_limit() -> None:
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}
+    with pytest.raises(SchemaError, match=f"more than {MAX_SCHEMA_OBJECTS:,} JSON objects"):
+        final_answer_spec(wide)
+    big = {"type": "object", "description": "x" * MAX_SCHEMA_BYTES}
+    with pytest.raises(SchemaError, match=f"at most {MAX_SCHEMA_BYTES:,} are taken"):
+        final_answer_spec(big)
+    at_limit = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string"} for i in range(MAX_SCHEMA_OBJECTS - 2)},
+    }
+    final_answer_spec(at_limit)
+
+
+def test_each_distinct_schema_is_checked_once() -> None:
+    schema = {"type": "object", "properties": {"once": {"type": "integer"}, "z": {}}}
+    final_answer_spec(schema)
+    before = schema_problem.cache_info()
+    reordered = {"properties": {"z": {}, "once": {"type": "integer"}}, "type": "object"}
+    final_answer_spec(reordered)  # equal JSON, keys in another order: the same check
+    after = schema_problem.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        (
+            {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+            "the $ref '#/$defs/a' refers back to itself without descending into the value "
+            "(#/$defs/a -> #/$defs/a)",
+        ),
+        (
+            {
+                "$ref": "#/$defs/a",
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            },
+            "(#/$defs/a -> #/$defs/b -> #/$defs/a)",
+        ),
+        (
+            {"type": "object", "allOf": [{"$ref": "#"}]},
+            "the $ref '#' refers back to itself without descending into the value (# -> #)",
+        ),
+        (
+            {"type": "object", "properties": {"x": {"$ref": "#/$defs/gone"}}},
+            "the $ref '#/$defs/gone' at $.properties.x names nothing in the schema",
+        ),
+    ],
+)
+def test_a_ref_that_loops_or_names_nothing_is_refused_at_load(
+    schema: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(SchemaError) as refused:
+        final_answer_spec(schema)
+    assert named in str(refused.value)
+
+
+def test_a_ref_that_descends_into_the_value_may_recurse() -> None:
+    tree = final_answer_spec(schema_of(Tree))
+    rule = OutputRule(tree)
+    assert isinstance(rule.validate('{"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}'), Answer)
+    assert isinstance(rule.validate('{"kids": [{"kids": [1]}]}'), Invalid)
+
+
+def test_a_schema_with_a_lone_surrogate_or_no_json_value_is_refused_naming_the_place() -> None:
+    with pytest.raises(
+        SchemaError, match=r"lone surrogate \(\\ud800\) in a string at \$\.description"
+    ):
+        final_answer_spec({"type": "object", "description": "bad \ud800"})
+    with pytest.raises(SchemaError, match=r"not finite \(inf\) at \$\.maximum"):
+        final_answer_spec({"type": "number", "maximum": float("inf")})
+    with pytest.raises(SchemaError, match=r"outside the 64-bit range at \$\.maximum"):
+        final_answer_spec({"type": "integer", "maximum": 2**70})
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("typed", [False, True], ids=["jsonschema", "msgspec"])
+@pytest.mark.parametrize(
+    ("arguments", "detail"),
+    [
+        ('{"name": ' * 100_000 + '"x"' + "}" * 100_000, "JSON nested deeper than 64 levels"),
+        (
+            '{"name": "x", "n": 1180591620717411303424}',
+            "an integer outside the 64-bit range at $.n",
+        ),
+        ('{"name": 1e400}', "a number that is not finite (inf) at $.name"),
+        ('{"name": "\\ud800"}', "a lone surrogate (\\ud800) in a string at $.name"),
+        ('{"name": NaN}', "not valid JSON: NaN is not valid JSON"),
+        ("not json", "arguments must be a JSON object"),
+        ("[1]", "arguments must be a JSON object"),
+    ],
+)
+def test_hostile_arguments_are_denied_naming_what_is_wrong(
+    typed: bool, arguments: str, detail: str
+) -> None:
+    types = OutputTypes()
+    spec = types.register(Item)
+    rule = OutputRule(spec, types.kind(spec) if typed else None)
+    assert rule.validate(arguments) == Invalid(detail)

@@ -101,10 +101,13 @@ class Process:
     def wait_for(self, kind: str, count: int, timeout: float) -> bool:
         """Block until the ``count``-th line of ``kind`` was journalled (or exit, or timeout)."""
         with self.cond:
-            return self.cond.wait_for(
-                lambda: sum(1 for x in self.lines if x.startswith(kind)) >= count or self.eof,
-                timeout,
-            ) and not self.eof
+            return (
+                self.cond.wait_for(
+                    lambda: sum(1 for x in self.lines if x.startswith(kind)) >= count or self.eof,
+                    timeout,
+                )
+                and not self.eof
+            )
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -178,7 +181,7 @@ def report(tally: Tally, seed: int, elapsed: float) -> str:
     for g, (its, cases) in tally.by_guarantee().items():
         rows.append(f"| {g} | {its} of {tally.iterations} | {cases} |")
     if tally.violations:
-        i, work_seed, v = tally.violations[0]
+        i, _work_seed, v = tally.violations[0]
         rows.append(
             f"first violation: iteration {i}: {v}\nrepro: python tests/killloop/killloop.py "
             f"--seed {seed} --iterations {i}"

@@ -190,8 +190,11 @@ def check_iteration(
         if line["tag"] == "TurnStarted":
             open_turns[line["event"]["session"]] += 1
             if line["event"]["session"] not in view.ids:
-                bad("every turn ended at the next start", line["event"]["session"],
-                    "TurnStarted told, session not stored")
+                bad(
+                    "every turn ended at the next start",
+                    line["event"]["session"],
+                    "TurnStarted told, session not stored",
+                )
         elif line["tag"] == "TurnEnded" and open_turns[line["event"]["session"]] > 0:
             open_turns[line["event"]["session"]] -= 1
     ended_at_start: Counter[str] = Counter()
@@ -206,8 +209,11 @@ def check_iteration(
             ended_at_start[session] += 1
     for session, n in open_turns.items():
         if n > ended_at_start[session]:
-            bad("every turn ended at the next start", session,
-                f"{n - ended_at_start[session]} turn(s) cut off and never ended")
+            bad(
+                "every turn ended at the next start",
+                session,
+                f"{n - ended_at_start[session]} turn(s) cut off and never ended",
+            )
 
     # Background children report exactly once, and a told completion reports completed.
     for child in background:
@@ -224,16 +230,22 @@ def check_iteration(
         elif (child in completed_children.values()) and not reports[0].startswith(
             f"{child} completed"
         ):
-            bad("background reports exactly once and right", child,
-                f"told completed, reported {reports[0][:60]!r}")
+            bad(
+                "background reports exactly once and right",
+                child,
+                f"told completed, reported {reports[0][:60]!r}",
+            )
 
     # Transcripts valid, and nothing left open once the home settled.
     touched = {line["event"].get("session") for line in work + settle if line["kind"] == "event"}
     for session in sorted(s for s in touched if s):
         for problem in transcript_problems(view.history(session)):
             left_open = problem.endswith("after the home settled")
-            bad("every turn ended at the next start" if left_open else "transcripts valid",
-                session, problem)
+            bad(
+                "every turn ended at the next start" if left_open else "transcripts valid",
+                session,
+                problem,
+            )
     return found
 
 

@@ -1,4 +1,5 @@
-"""The process the kill loop kills: a seeded random workload on one home, journalling all it is told.
+"""The process the kill loop kills: a seeded random workload on one home, journalling all
+it is told.
 
     python killloop_driver.py work   HOME JOURNAL EFFECTS SEED [MAX_SECONDS]
     python killloop_driver.py settle HOME JOURNAL EFFECTS SEED [MAX_SECONDS]
@@ -22,6 +23,7 @@ This is a helper script, not a test module. It stops by itself after MAX_SECONDS
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -182,8 +184,13 @@ class Outcomes:
         self.queue.put(message)
 
 
-def decider(rt: Runtime, journal: Journal, rng: random.Random, requests: queue.Queue[Any],
-            stop: threading.Event) -> None:
+def decider(
+    rt: Runtime,
+    journal: Journal,
+    rng: random.Random,
+    requests: queue.Queue[Any],
+    stop: threading.Event,
+) -> None:
     """A person: decides each waiting call after a random moment, journalling what it is told."""
     while not stop.is_set():
         try:
@@ -202,8 +209,11 @@ def decider(rt: Runtime, journal: Journal, rng: random.Random, requests: queue.Q
             continue
         journal.write(
             "decision",
-            {"tag": type(answer).__name__, "decision": msgspec.to_builtins(answer),
-             "approved": approve},
+            {
+                "tag": type(answer).__name__,
+                "decision": msgspec.to_builtins(answer),
+                "approved": approve,
+            },
         )
 
 
@@ -223,8 +233,9 @@ def main(argv: list[str]) -> int:
         approvals=ApprovalsConfig(tools=("deploy",)),
         loop=LoopConfig(max_steps=MAX_STEPS + 2),
     )
-    rt = Runtime.start(config, model=ScriptedModel(make_script(rng, mode == "settle")),
-                       tools=tools(effects))
+    rt = Runtime.start(
+        config, model=ScriptedModel(make_script(rng, mode == "settle")), tools=tools(effects)
+    )
     journal.write("started", {"tag": mode})
     requests: queue.Queue[Any] = queue.Queue()
 
@@ -235,8 +246,9 @@ def main(argv: list[str]) -> int:
 
     rt.subscribe(told)
     stop = threading.Event()
-    person = threading.Thread(target=decider, args=(rt, journal, random.Random(seed + 1),
-                                                    requests, stop), daemon=True)
+    person = threading.Thread(
+        target=decider, args=(rt, journal, random.Random(seed + 1), requests, stop), daemon=True
+    )
     person.start()
     for pending in rt.pending_approvals():
         requests.put(pending)
@@ -246,10 +258,8 @@ def main(argv: list[str]) -> int:
 
     def send(session: str, text: str) -> None:
         output = SCHEMA if session == TYPED else None
-        try:
+        with contextlib.suppress(RuntimeError):  # stopping
             rt.send_turn(session, text, reply_to=OUTCOMES, output=output)
-        except RuntimeError:
-            pass  # stopping
 
     try:
         if mode == "work":
@@ -266,10 +276,13 @@ def main(argv: list[str]) -> int:
                 turns += 1
                 journal.write(
                     "outcome",
-                    {"tag": type(outcome).__name__, "session": outcome.session,
-                     "completed": isinstance(outcome, TurnCompleted),
-                     "content": getattr(outcome, "content", None),
-                     "reason": str(getattr(outcome, "reason", "") or "")},
+                    {
+                        "tag": type(outcome).__name__,
+                        "session": outcome.session,
+                        "completed": isinstance(outcome, TurnCompleted),
+                        "content": getattr(outcome, "content", None),
+                        "reason": str(getattr(outcome, "reason", "") or ""),
+                    },
                 )
                 again = (outcome.session, f"turn {turns} {seed}")
                 if "busy" in str(getattr(outcome, "reason", "")).lower():

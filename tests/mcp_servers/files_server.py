@@ -15,6 +15,12 @@ if "--exit-at-start" in sys.argv:  # before the SDK's imports: a quick death
     print("exiting at start", file=sys.stderr, flush=True)
     sys.exit(3)
 
+if "--mute" in sys.argv:  # before the SDK's imports too: mute at once, however busy the machine
+    print(f"mute {os.getpid()}", file=sys.stderr, flush=True)
+    for _ in sys.stdin:  # reads and never answers, until stdin closes
+        pass
+    sys.exit(0)
+
 import anyio
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -108,11 +114,6 @@ server.add_tool(_too_long, name="t" * 70, description="Its joined name is too lo
 
 def main() -> None:
     args = sys.argv[1:]
-    if "--mute" in args:
-        say(f"mute {os.getpid()}")
-        for _ in sys.stdin:  # reads and never answers, until stdin closes
-            pass
-        return
     if "--http" in args:
         port = int(args[args.index("--http") + 1])
         server.run("streamable-http", host="127.0.0.1", port=port)

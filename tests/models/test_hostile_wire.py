@@ -221,7 +221,7 @@ def body_with_usage(prompt: Any, completion: Any) -> bytes:
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(
-    ("prompt", "completion"), [(10**30, 5), (2**64 - 1, 5), (5, 2**64 - 1), (10**9, 5)]
+    ("prompt", "completion"), [(2**63 - 1, 5), (2**62, 5), (5, 2**63 - 1), (10**9, 5)]
 )
 def test_impossible_usage_is_refused_at_the_wire_and_logged_once(
     model_for, caplog, monkeypatch, prompt: int, completion: int, stream: bool
@@ -244,6 +244,14 @@ def test_impossible_usage_is_refused_at_the_wire_and_logged_once(
     assert len(warnings) == 1  # once, not once an answer
 
 
+@pytest.mark.parametrize("count", [10**30, 2**64 - 1, -(2**63) - 1])
+def test_a_usage_past_int64_is_a_model_failure_naming_it(count: int) -> None:
+    """Past int64 is no count at all but a value that could not be stored or sent: the bounded
+    decode refuses the whole answer, naming the integer and where it was."""
+    with pytest.raises(ModelFailure, match=r"integer outside the 64-bit range at \$\.usage"):
+        parse_answer("s1", 1, body_with_usage(count, 5))
+
+
 def test_a_real_usage_stays_believed() -> None:
     answer = parse_answer("s1", 1, body_with_usage(1200, 30), prompt_limit=100_000)
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (1200, 30)
@@ -252,7 +260,7 @@ def test_a_real_usage_stays_believed() -> None:
 def test_a_turn_with_impossible_usage_completes_and_its_messages_encode(
     chat_server, loopd_runtime, loopd_config
 ) -> None:
-    server = chat_server([RawResponse(body=body_with_usage(10**30, 2**64 - 1))])
+    server = chat_server([RawResponse(body=body_with_usage(2**63 - 1, 2**63 - 1))])
     config = loopd_config.replace(
         model=ModelConfig(base_url=server.base_url, timeout_s=10, retries=0, context_tokens=4096)
     )

@@ -101,7 +101,7 @@ def test_a_stream_cut_short_is_broken_and_an_error_chunk_fails() -> None:
         assembler.answer("s", 1)
     with pytest.raises(ModelFailure, match="reported an error: overloaded"):
         StreamAssembler().feed('data: {"error": {"message": "overloaded"}}')
-    with pytest.raises(ModelFailure, match="not JSON"):
+    with pytest.raises(ModelFailure, match="streamed answer is not valid JSON"):
         StreamAssembler().feed("data: {nope")
 
 

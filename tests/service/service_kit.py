@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,17 @@ def serve_fixture(tmp_path: Path) -> Iterator[Callable[..., Served]]:
             return Served(rt, service, client)
 
         yield start
+
+
+def wait_for_states(client: httpx.Client, states: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``GET /v1/sessions`` asked again until each session of ``states`` has its state (the
+    service learns a turn's end from the events, which may come just after its answer);
+    the rows by session."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        listed = client.get("/v1/sessions").json()["sessions"]
+        rows = {row["session"]: row for row in listed}
+        if all(rows.get(s, {}).get("state") == v for s, v in states.items()):
+            return rows
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.02)

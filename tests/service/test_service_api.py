@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from service_kit import WAIT, outcome
+from service_kit import WAIT, outcome, wait_for_states
 
 from actors.shells.demo import DEMO_SESSION, DEMO_TEXT
 from actors.shells.service.openapi import openapi_document
@@ -275,13 +275,13 @@ def test_sessions_and_one_session_with_its_children_transcript_and_usage(serve) 
     s = serve()
     assert s.client.get("/v1/sessions").json() == {"sessions": []}
     s.client.post(f"/v1/sessions/{DEMO_SESSION}/turns", json={"text": DEMO_TEXT})
-    rows = {row["session"]: row for row in s.client.get("/v1/sessions").json()["sessions"]}
+    rows = wait_for_states(s.client, {"demo": "completed"})
     assert set(rows) == {"demo", "sub-demo-1", "sub-sub-demo-1-1"}
     assert rows["sub-demo-1"]["parent"] == "demo" and rows["demo"]["turns"] == 1
-    assert rows["demo"]["state"] == "idle"  # live, no turn running
+    assert rows["demo"]["background"] is False
     shown = s.client.get("/v1/sessions/demo").json()
     assert shown["session"] == "demo" and shown["agent"] == "default"
-    assert shown["children"] == ["sub-demo-1"] and shown["state"] == "idle"
+    assert shown["children"] == ["sub-demo-1"] and shown["state"] == "completed"
     assert shown["transcript"][0]["role"] == "user"
     assert shown["transcript"][0]["content"] == DEMO_TEXT
     assert set(shown["usage"]) >= {"prompt_tokens", "completion_tokens"}

@@ -10,16 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
-from actors import Config, port_tool
+from actors import AgentConfig, Config, SubagentsConfig, port_tool
 from actors.runtime import Runtime
 from actors.shells.demo import DEMO_TEXT, demo_script
 from actors.shells.service.server import Service
 from actors.shells.service.settings import ServiceSettings
 from actors.testing import ScriptedModel, call, calls, reply, with_usage
-from messages import ModelRequest
+from messages import ModelRequest, Usage
 
 webdriver = pytest.importorskip("selenium.webdriver")
 CHROMIUM = shutil.which("chromium")
@@ -62,14 +63,14 @@ def page(tmp_path: Path) -> Iterator[Any]:
             browser.quit()
 
 
-def _chromium() -> Any:
-    """A headless Chromium, driven by Selenium."""
+def _chromium(size: str = "1400,1000") -> Any:
+    """A headless Chromium, driven by Selenium, its window ``size``."""
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service as DriverService
 
     options = Options()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={size}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=DriverService(str(DRIVER)), options=options)
 
@@ -134,7 +135,7 @@ def test_the_page_asks_for_the_token_then_draws_the_familys_tree_and_cancels_one
     browser.save_screenshot(str(tmp_path / "tree.png"))
     _wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#sessions tbody tr")) == 3)
     rows = _texts(browser, "#sessions tbody tr")
-    assert rows[0].startswith("demo default idle 1") and rows[2].startswith("sub-sub-demo-1-1")
+    assert rows[0].startswith("demo default completed 1") and rows[2].startswith("sub-sub-demo-1-1")
 
     # A family that runs until cancelled from the page.
     session = browser.find_element(By.ID, "turn-session")
@@ -238,11 +239,13 @@ def test_a_waiting_call_is_approved_or_declined_from_the_page_and_its_turn_ends(
     assert panel.is_displayed()
     assert item.get_attribute("data-session") == "reader"
     assert "call 2: deploy" in item.text and '"env": "prod"' in item.text
-    assert "may come from injected text" in item.find_element(By.CSS_SELECTOR, ".warning").text
+    warning = item.find_element(By.CSS_SELECTOR, ".warning")
+    _wait(browser, lambda b: "call 1 (fetch)" in warning.text)  # why: the result it read
+    assert "may come from injected text" in warning.text
     _wait(browser, lambda b: "waiting for a person: deploy" in b.find_element(By.ID, "tree").text)
     browser.save_screenshot(str(tmp_path / "approvals.png"))
     item.find_element(By.CSS_SELECTOR, "button.decline").click()  # no reason yet: asked for one
-    assert "needs a reason" in item.find_element(By.CSS_SELECTOR, ".said").text
+    assert "needs a reason" in item.find_element(By.CSS_SELECTOR, ".outcome").text
     item.find_element(By.CSS_SELECTOR, ".reason").send_keys("that page told it to")
     item.find_element(By.CSS_SELECTOR, "button.decline").click()
     _wait(browser, lambda b: not b.find_elements(By.CSS_SELECTOR, ".approval"))
@@ -267,5 +270,153 @@ def test_a_waiting_call_is_approved_or_declined_from_the_page_and_its_turn_ends(
     cancel.click()
     _wait(browser, lambda b: not panel.is_displayed())
     assert len(_nodes(browser, "cancelled")) == 1
+    errors = [e for e in browser.get_log("browser") if e.get("source") == "javascript"]
+    assert errors == []
+
+
+# The console (issue 35): states, a transcript, the Timeline, approval cards with context.
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@port_tool(approval=True)
+def restart_service(name: str) -> str:
+    """Restart a system service on the host.
+
+    Args:
+        name: The service's unit name.
+    """
+    return f"restarted {name}"
+
+
+def _unmeasured(answer: Any) -> Any:
+    """``answer`` from a server that reported no usage."""
+    return msgspec.structs.replace(answer, usage=Usage(requests=1, unmeasured_requests=1))
+
+
+def _console_script(release: threading.Event) -> Any:
+    def script(request: ModelRequest) -> Any:
+        last = request.messages[-1]
+        if request.session == "ops":  # an approval-gated call, said with a reason
+            if last.role == "user":
+                answer = calls(("restart_service", {"name": "nginx"}))
+                return msgspec.structs.replace(answer, content="nginx is down; restarting it.")
+            return _unmeasured(reply(f"done: {last.content}"))
+        if request.session == "plan":  # typed, with a background child still running
+            if last.role == "user":
+                return _unmeasured(call("subagent", task="watch the logs", background=True))
+            return _unmeasured(call("final_answer", host="web-1", replicas=3))
+        release.wait(WAIT)  # the background child runs until the test ends
+        return _unmeasured(reply("logs are quiet"))
+
+    return script
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Any]:
+    """A service whose ``ops`` session's call waits for a person, whose ``planner`` profile is
+    typed and may spawn background children; Chromium on its page, 1200x800."""
+    release = threading.Event()
+    schema = {
+        "type": "object",
+        "properties": {"host": {"type": "string"}, "replicas": {"type": "integer"}},
+        "required": ["host", "replicas"],
+    }
+    config = Config(
+        home=str(tmp_path / "home"),
+        subagents=SubagentsConfig(background=True),
+        agents={"planner": AgentConfig(output_schema=schema)},
+    )
+    model = ScriptedModel(_console_script(release))
+    with (
+        Runtime.start(config, model=model, tools=[restart_service]) as rt,
+        Service.start(rt, ServiceSettings("127.0.0.1", 0)) as service,
+    ):
+        browser = _chromium(size="1200,800")
+        try:
+            browser.get(service.url + "/")
+            yield browser, service
+        finally:
+            release.set()
+            browser.quit()
+
+
+def _row_state(browser: Any, session: str) -> str:
+    text: str = browser.execute_script(
+        "for (const tr of document.querySelectorAll('#sessions tbody tr'))"
+        "  if (tr.firstChild.textContent === arguments[0]) return tr.children[2].textContent;"
+        "return '';",
+        session,
+    )
+    return text
+
+
+def _view(browser: Any, name: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.CSS_SELECTOR, f"#views button[data-view={name}]").click()
+
+
+def test_the_console_shows_states_a_transcript_the_timeline_and_approvals_in_context(
+    console,
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser, service = console
+    _wait(browser, lambda b: b.find_element(By.ID, "link").text == "live")
+
+    # A typed family whose background child still runs: the Timeline has both rows.
+    httpx.post(service.url + "/v1/sessions/plan/turns", json={"text": "plan", "agent": "planner"})
+    _wait(browser, lambda b: _row_state(b, "plan") == "completed")
+    _wait(browser, lambda b: _row_state(b, "sub-plan-1") == "running background")
+    browser.find_element(By.XPATH, "//td[text()='plan']").click()
+    _view(browser, "timeline")
+    rows = _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#timeline .row"))
+    assert [r.get_attribute("data-session") for r in rows] == ["plan", "sub-plan-1"]
+    assert "completed" in rows[0].get_attribute("class")
+    assert "running" in rows[1].get_attribute("class")  # the child still runs
+    assert rows[0].find_elements(By.CSS_SELECTOR, ".bar.completed")
+    assert rows[0].find_elements(By.CSS_SELECTOR, ".mark.model")
+    assert rows[0].find_elements(By.CSS_SELECTOR, ".mark.tool")
+    browser.save_screenshot(str(DOCS / "console-timeline.png"))
+
+    # Its transcript: the call linked to the child, the typed output's values, unknown usage.
+    _view(browser, "transcript")
+    box = browser.find_element(By.ID, "transcript")
+    _wait(browser, lambda b: box.find_elements(By.CSS_SELECTOR, ".msg.output"))
+    output = box.find_element(By.CSS_SELECTOR, ".msg.output pre").text
+    assert '"host": "web-1"' in output and '"replicas": 3' in output
+    assert box.find_element(By.CSS_SELECTOR, ".child-link").text == "→ sub-plan-1"
+    assert "unknown tokens" in box.find_element(By.CSS_SELECTOR, ".turn-foot .usage").text
+
+    # A call waits for a person: the session is waiting; its card says who, what and why.
+    httpx.post(service.url + "/v1/sessions/ops/turns", json={"text": "fix nginx", "wait": False})
+    card = _wait(browser, lambda b: b.find_element(By.CSS_SELECTOR, ".approval[data-session=ops]"))
+    _wait(browser, lambda b: _row_state(b, "ops") == "waiting")
+    _wait(browser, lambda b: card.find_element(By.CSS_SELECTOR, ".agent").text == "agent default")
+    description = card.find_element(By.CSS_SELECTOR, ".description").text
+    assert description == "restart_service: Restart a system service on the host."
+    assert card.find_element(By.CSS_SELECTOR, ".said").text == "nginx is down; restarting it."
+    assert '"name": "nginx"' in card.find_element(By.CSS_SELECTOR, "pre.arguments").text
+    assert "no untrusted data" in card.find_element(By.CSS_SELECTOR, ".trusted").text
+    _wait(browser, lambda b: "waiting " in card.find_element(By.CSS_SELECTOR, ".waited").text)
+    browser.save_screenshot(str(DOCS / "console-approval.png"))
+
+    # Approved with a note: the transcript shows the call, its result and who decided.
+    card.find_element(By.CSS_SELECTOR, ".reason").send_keys("on-call said yes")
+    card.find_element(By.CSS_SELECTOR, "button.approve").click()
+    _wait(browser, lambda b: _row_state(b, "ops") == "completed")
+    browser.find_element(By.XPATH, "//td[text()='ops']").click()
+    _view(browser, "transcript")
+    _wait(browser, lambda b: "done: restarted nginx" in b.find_element(By.ID, "transcript").text)
+    call_box = browser.find_element(By.CSS_SELECTOR, "#transcript .call")
+    assert call_box.find_element(By.CSS_SELECTOR, ".tool-name").text == "restart_service"
+    assert '"name": "nginx"' in call_box.find_element(By.CSS_SELECTOR, "pre.arguments").text
+    assert call_box.find_element(By.CSS_SELECTOR, ".result pre").text == "restarted nginx"
+    decision = call_box.find_element(By.CSS_SELECTOR, ".decision").text
+    assert decision == "approved by a person: on-call said yes"
+    browser.save_screenshot(str(DOCS / "console-transcript.png"))
+    for name in ("console-transcript", "console-timeline", "console-approval"):
+        assert (DOCS / f"{name}.png").stat().st_size > 1000
     errors = [e for e in browser.get_log("browser") if e.get("source") == "javascript"]
     assert errors == []

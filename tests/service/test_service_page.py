@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from service_kit import outcome
 
 from actors import Config
 from actors.runtime import Runtime
@@ -21,7 +22,7 @@ from actors.shells.service.app import STATIC
 from actors.shells.service.server import Service
 from actors.shells.service.settings import ServiceSettings
 from actors.testing import ScriptedModel, call, reply
-from messages import ModelRequest
+from messages import FailReason, ModelRequest, TurnFailed
 
 WAIT = 10.0
 TOKEN = "page-test-token-4b1d"
@@ -160,17 +161,24 @@ def test_the_pages_tree_model_marks_a_cancelled_family(tmp_path: Path) -> None:
         return reply("too late")
 
     config = Config(home=str(tmp_path / "home"))
+    answers: list[httpx.Response] = []
     with (
         Runtime.start(config, model=ScriptedModel(script)) as rt,
         Service.start(rt, ServiceSettings("127.0.0.1", 0)) as service,
         httpx.Client(base_url=service.url, timeout=WAIT) as client,
     ):
+        # The turn's POST is answered once the turn ends (cancelled): its thread is joined
+        # before the client closes, or it would read from a closed connection (an
+        # httpx.ReadError in a thread nobody joins).
+        poster = threading.Thread(
+            target=lambda: answers.append(
+                client.post("/v1/sessions/boss/turns", json={"text": "go"})
+            ),
+            daemon=True,
+        )
 
         def run_and_cancel() -> None:
-            threading.Thread(
-                target=lambda: client.post("/v1/sessions/boss/turns", json={"text": "go"}),
-                daemon=True,
-            ).start()
+            poster.start()
             assert asked.wait(WAIT)
             client.post("/v1/sessions/boss/cancel")
 
@@ -183,6 +191,12 @@ def test_the_pages_tree_model_marks_a_cancelled_family(tmp_path: Path) -> None:
             )
         finally:
             release.set()
+            if poster.ident is not None:  # started
+                poster.join(WAIT)
+        assert not poster.is_alive(), "the turn's POST was not answered"
+    (answer,) = answers
+    failed = outcome(answer)
+    assert isinstance(failed, TurnFailed) and failed.reason is FailReason.CANCELLED, failed
     tree = tree_of(chunks, "boss")["tree"]
     assert tree["state"] == "cancelled" and tree["reason"] == "cancelled"
     (child,) = tree["children"]

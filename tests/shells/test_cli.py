@@ -176,12 +176,14 @@ def test_sessions_lists_the_demo_store(demo_home: tuple[Path, str], tmp_path: Pa
     assert result.returncode == 0, result.stderr
     no_traceback(result)
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED"]
+    assert lines[0].split() == [
+        "SESSION", "AGENT", "STATE", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED",
+    ]  # fmt: skip
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert set(rows) == {"demo", "sub-demo-1", "sub-sub-demo-1-1"}
-    assert rows["demo"][:3] == ["0", "1", "no"]
-    assert rows["sub-demo-1"][:3] == ["1", "1", "no"]
-    assert rows["sub-sub-demo-1-1"][:3] == ["1", "1", "no"]
+    assert rows["demo"][:5] == ["default", "completed", "0", "1", "no"]
+    assert rows["sub-demo-1"][:5] == ["default", "completed", "1", "1", "no"]
+    assert rows["sub-sub-demo-1-1"][:5] == ["default", "completed", "1", "1", "no"]
 
 
 def test_sessions_show_a_child_with_options_after_the_id(

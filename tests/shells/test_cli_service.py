@@ -134,9 +134,11 @@ def test_run_and_sessions_on_a_served_home_go_through_the_service(
     listed = d.loopd("sessions", "--config", str(d.config))
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[0].split() == [
-        "SESSION", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED",
+        "SESSION", "AGENT", "STATE", "SLOT", "TURNS", "UNTRUSTED", "MESSAGES", "UPDATED",
     ]  # fmt: skip
-    assert listed.stdout.splitlines()[1].split()[:5] == ["cli", "0", "2", "no", "4"]
+    assert listed.stdout.splitlines()[1].split()[:7] == [
+        "cli", "default", "completed", "0", "2", "no", "4",
+    ]  # fmt: skip
     rows = d.loopd("sessions", "--config", str(d.config), "--json")
     row = json.loads(rows.stdout.splitlines()[0])
     assert {k: row[k] for k in ("id", "turns", "messages", "agent")} == {
@@ -305,7 +307,7 @@ def test_repl_connect_is_a_thin_console_over_the_service(
     assert "Traceback" not in err
     assert "r  turn completed" in out  # the family's events, as the local turn() prints them
     assert "served answer\n" in out
-    assert "SESSION" in out and "STATE" in out and "idle" in out  # the live session's state
+    assert "SESSION" in out and "STATE" in out and "completed" in out  # its last turn completed
     assert ">>> 1\n" in out  # show("r")["turns"]
     assert len(server.requests) == 1
     connect = ["--connect", d.url, "--token-env", "LOOPD_TEST_TOKEN"]

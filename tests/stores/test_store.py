@@ -563,10 +563,8 @@ def test_store_actor_that_cannot_open_its_file_still_answers(
 
 
 def test_store_actor_closes_the_store_consistently_on_stop(
-    open_store: Opener, directory: Directory
+    open_store: Opener, directory: Directory, probe: Probe
 ) -> None:
-    probe = Probe()
-    directory.register("probe", probe)
     ref = StoreActor.start(open_store, directory)
     ref.tell(OpenSession("s", BASELINE, 0, reply_to="probe"))
     ref.tell(

@@ -26,13 +26,22 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from actors.aio import AsyncRuntime
+from actors.core.approvals import decision_text
+from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.listen import is_loopback
 from actors.core.usage import total_usage
 from actors.shells.service.auth import Gate
 from actors.shells.service.events import EventHub, Subscriber
 from actors.shells.service.openapi import openapi_document
 from actors.shells.service.settings import ServiceSettings
-from actors.shells.views import session_backend, turn_usage
+from actors.shells.views import (
+    session_backend,
+    session_listing,
+    stored_state,
+    turn_outputs,
+    turn_usage,
+    typed_wrapped,
+)
 from actors.stores.base import SessionNotFound, StoreBackend, StoreError
 from actors.stores.open import open_store
 from actors.stores.reader import StoreReader
@@ -70,6 +79,9 @@ class TurnBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cancel_on_disconnect: bool = False
     """With ``wait``: a client that goes away before the answer cancels the turn (and its
     children); without, the turn goes on and is stored."""
+    output_schema: dict[str, Any] | None = None
+    """A JSON schema: the turn is typed (as ``run_turn(output=...)``), its outcome's ``output``
+    the validated value. A stored session keeps the schema it was created with."""
 
 
 class DecisionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -172,12 +184,17 @@ def _header(scope: Any, name: bytes) -> str | None:
 
 
 def _json_object(data: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
+    """A request body through the bounded decode (the body cap was kept while reading it):
+    400 naming what is wrong (a bound, a lone surrogate, the JSON error), or the object."""
     if empty_ok and not data.strip():
         return {}
     try:
-        value = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise _Refused(400, f"the body is not valid JSON: {exc}") from None
+        value = decode_json(data, max_bytes=max(len(data), 1))
+    except OutOfBounds as exc:
+        detail = exc.detail.removeprefix("not valid JSON: ")
+        if detail is exc.detail:
+            raise _Refused(400, f"the body is out of bounds: {detail}") from None
+        raise _Refused(400, f"the body is not valid JSON: {detail}") from None
     if not isinstance(value, dict):
         raise _Refused(400, f"the body must be a JSON object, not {_kind(value)}")
     return value
@@ -201,20 +218,18 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
-_TURN_BODY = msgspec.json.Decoder(TurnBody)
-
-
 def _turn_body(data: bytes) -> TurnBody:
-    """The body of a turn: decoded straight into :class:`TurnBody` (one pass, no dict); a body
-    that does not decode so is read again the slow way, which says what is wrong with it."""
-    try:
-        return _TURN_BODY.decode(data)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
-        pass
+    """The body of a turn: through the bounded decode as every body (a fault named, 400),
+    then checked as a :class:`TurnBody` (a field named, 400)."""
     try:
         return msgspec.convert(_json_object(data), TurnBody)
     except msgspec.ValidationError as exc:
         raise _Refused(400, f"the body: {exc}") from None
+
+
+_REFUSED_TURNS = (FailReason.WRONG_AGENT, FailReason.WRONG_OUTPUT)
+"""A turn's outcomes that answer 400: another agent, or another output schema, than the stored
+session's."""
 
 
 async def post_turn(request: Request) -> Response:
@@ -250,7 +265,7 @@ async def post_turn(request: Request) -> Response:
     finally:
         state.waiting.pop(future, None)
         runtime.directory.unregister(address, mailbox)
-    if isinstance(outcome, TurnFailed) and outcome.reason is FailReason.WRONG_AGENT:
+    if isinstance(outcome, TurnFailed) and outcome.reason in _REFUSED_TURNS:
         raise _Refused(400, outcome.detail)  # what Runtime.run_turn raises as ValueError
     return Response(msgspec.json.encode(outcome), 200, media_type="application/json")
 
@@ -281,7 +296,12 @@ async def _unless_gone(
 def _send(state: ServiceState, session: str, body: TurnBody, reply_to: str | None) -> None:
     try:
         state.runtime.runtime.send_turn(
-            session, body.text, speaker=body.speaker, reply_to=reply_to, agent=body.agent
+            session,
+            body.text,
+            speaker=body.speaker,
+            reply_to=reply_to,
+            agent=body.agent,
+            output=body.output_schema,
         )
     except (TypeError, ValueError) as exc:
         raise _Refused(400, str(exc)) from None
@@ -301,72 +321,71 @@ async def post_cancel(request: Request) -> Response:
     return _json({"cancelled": list(cancelled)})
 
 
-def _row_state(status: ContextStatus | None, session: str) -> str:
-    if status is not None and session in status.held:
-        return "running"
-    if status is not None and session in status.live:
-        return "idle"
-    return "stored"
-
-
-def _list_sessions(state: ServiceState) -> dict[str, Any]:
+def _list_sessions(state: ServiceState, known: dict[str, tuple[str, bool]]) -> dict[str, Any]:
     status = state.status()
+    running = frozenset(status.held) if status is not None else frozenset()
     store = state.store()
     try:
-        infos = store.list_sessions()
+        rows = session_listing(store, state.runtime.runtime.config, running=running, known=known)
     finally:
         store.close()
-    rows = [
-        {
-            "session": i.id,
-            "agent": i.agent,
-            "parent": i.parent,
-            "state": _row_state(status, i.id),
-            "slot": i.slot,
-            "turns": i.turns,
-            "untrusted": i.untrusted,
-            "messages": i.messages,
-            "created_at": i.created_at,
-            "updated_at": i.updated_at,
-        }
-        for i in infos
-    ]
-    stored = {i.id for i in infos}
+    stored = {r["session"] for r in rows}
     if status is not None:  # a session being opened is held before the store has it
         for session in sorted((set(status.held) | set(status.live)) - stored):
-            rows.append({"session": session, "state": _row_state(status, session)})
+            shown, background = known.get(session, ("running", False))
+            rows.append({"session": session, "state": shown, "background": background})
     return {"sessions": rows}
 
 
 async def get_sessions(request: Request) -> Response:
     """``GET /v1/sessions``: every stored session, and each one's state."""
-    return _json(await asyncio.to_thread(_list_sessions, _state(request)))
+    state = _state(request)
+    known = state.hub.states.known()  # read on the loop, where the events update it
+    return _json(await asyncio.to_thread(_list_sessions, state, known))
 
 
-def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
-    status = state.status()
+def _show_session(
+    state: ServiceState, session: str, known: tuple[str, bool] | None
+) -> dict[str, Any]:
+    config = state.runtime.runtime.config
     store = state.store()
     try:
         record = store.open(session)
         children = store.children(session)
         turns = turn_usage(store, session)
         history = store.history(session)
+        waiting = any(
+            a.request.session == session and a.approved is None for a in store.approvals()
+        )
     finally:
         store.close()
+    outputs = turn_outputs(history, typed_wrapped(record))
+    if known is None:
+        status = state.status()
+        held = status is not None and session in status.held
+        shown = "waiting" if waiting else "running" if held else None
+        known = (shown or stored_state(record.turns, history), False)
     return {
         "session": record.id,
         "agent": record.agent,
         "parent": record.parent,
-        "state": _row_state(status, session),
+        "state": known[0],
+        "background": known[1],
         "slot": record.slot,
-        "backend": session_backend(record.agent, state.runtime.runtime.config),
+        "backend": session_backend(record.agent, config),
         "turns": record.turns,
         "untrusted": record.untrusted,
         "next_call_id": record.next_call_id,
         "children": children,
         "usage": total_usage(own for own, _ in turns),
         "usage_with_children": total_usage(every for _, every in turns),
-        "turn_usage": [{"usage": own, "usage_with_children": every} for own, every in turns],
+        "turn_usage": [
+            {"usage": own, "usage_with_children": every, "output": output}
+            for (own, every), output in zip(turns, outputs, strict=False)
+        ],
+        # The latest turn's validated output (a typed session's), null for a text turn.
+        "output": outputs[-1] if outputs else None,
+        "tools": [{"name": t.name, "description": t.description} for t in record.baseline.tools],
         "transcript": record.transcript,
         # Every stored message, those a compaction replaced included (marked), numbered.
         "history": history,
@@ -376,8 +395,10 @@ def _show_session(state: ServiceState, session: str) -> dict[str, Any]:
 async def get_session(request: Request) -> Response:
     """``GET /v1/sessions/{id}``: one stored session, its children and its transcript."""
     session = _session(request)
+    state = _state(request)
+    known = state.hub.states.of(session)
     try:
-        shown = await asyncio.to_thread(_show_session, _state(request), session)
+        shown = await asyncio.to_thread(_show_session, state, session, known)
     except SessionNotFound as exc:
         raise _Refused(404, str(exc)) from None
     return _json(shown)
@@ -405,12 +426,13 @@ def _decision(data: bytes) -> DecisionBody:
         body = msgspec.convert(_json_object(data), DecisionBody)
     except msgspec.ValidationError as exc:
         raise _Refused(400, f"the body: {exc}") from None
-    try:
-        check_text(body.note, "the note", optional=True)
-        check_text(body.reason, "the reason", optional=True)
+    try:  # the checks of Runtime.approve / deny: valid Unicode, at most MAX_DECISION_CHARS
+        if body.note is not None:
+            decision_text(body.note, "the note")
+        reason = "" if body.reason is None else decision_text(body.reason, "the reason")
     except (TypeError, ValueError) as exc:
         raise _Refused(400, str(exc)) from None
-    if not body.approve and not (body.reason or "").strip():
+    if not body.approve and not reason.strip():  # blank once neutralised is no reason either
         raise _Refused(400, 'a decline needs a "reason" (the model reads it)')
     return body
 
@@ -432,6 +454,8 @@ async def post_decision(request: Request) -> Response:
             answer = await runtime.approve(session, call_id, body.note)
         else:
             answer = await runtime.deny(session, call_id, body.reason or "")
+    except (TypeError, ValueError) as exc:  # what the runtime's own door refuses
+        raise _Refused(400, str(exc)) from None
     except (RuntimeError, TimeoutError) as exc:  # stopped, or the Context did not answer
         raise _Refused(503, f"the service is stopping: {str(exc) or 'no answer in time'}") from None
     return _json(answer, 200 if isinstance(answer, ApprovalSettled) else 409)

@@ -25,9 +25,18 @@ import msgspec
 
 from actors.core.dispatch import descends_from
 from actors.dispatcher.loop_inbox import LoopInbox
-from messages import TurnEvent
+from messages import (
+    ApprovalRequested,
+    ApprovalSettled,
+    FailReason,
+    SubagentFinished,
+    SubagentStarted,
+    TurnEnded,
+    TurnEvent,
+    TurnStarted,
+)
 
-__all__ = ["EventHub", "Subscriber", "control_frame", "event_frame"]
+__all__ = ["EventHub", "SessionStates", "Subscriber", "control_frame", "event_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,71 @@ def control_frame(kind: str, **fields: Any) -> bytes:
     ``Last-Event-ID`` stays the last turn event's."""
     data = msgspec.json.encode({"type": kind, **fields})
     return b"event: %s\ndata: %s\n\n" % (kind.encode(), data)
+
+
+def outcome_state(completed: bool, reason: FailReason | None) -> str:
+    """The state a turn's outcome leaves: ``completed``, ``cancelled`` or ``failed``."""
+    if completed:
+        return "completed"
+    return "cancelled" if reason is FailReason.CANCELLED else "failed"
+
+
+class SessionStates:
+    """What the events say of each session: its state (``running``, ``waiting``, a turn's
+    outcome) and whether it runs in the background. Fed on the loop, one event at a time;
+    at most ``limit`` sessions are kept (the oldest forgotten first: the store tells theirs)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._state: dict[str, str] = {}
+        self._background: set[str] = set()
+        self._waits: dict[str, set[int]] = {}
+
+    def see(self, event: TurnEvent) -> None:
+        """Take ``event`` into account (events of other kinds change nothing)."""
+        match event:
+            case TurnStarted(session=session):
+                self._waits.pop(session, None)
+                self._set(session, "running")
+            case ApprovalRequested(session=session, call_id=call_id):
+                self._waits.setdefault(session, set()).add(call_id)
+                self._set(session, "waiting")
+            case ApprovalSettled(session=session, call_id=call_id):
+                waits = self._waits.get(session, set())
+                waits.discard(call_id)
+                if not waits and self._state.get(session) == "waiting":
+                    self._set(session, "running")
+            case TurnEnded(session=session, completed=completed, reason=reason):
+                self._waits.pop(session, None)
+                self._set(session, outcome_state(completed, reason))
+            case SubagentStarted(child=child, background=background):
+                if background:
+                    self._background.add(child)
+                self._set(child, "running")
+            case SubagentFinished(child=child, completed=completed, reason=reason):
+                if self._state.get(child) in ("running", "waiting", None):
+                    self._waits.pop(child, None)
+                    self._set(child, outcome_state(completed, reason))
+            case _:
+                pass
+
+    def _set(self, session: str, state: str) -> None:
+        self._state.pop(session, None)  # re-inserted last: the dict stays oldest first
+        self._state[session] = state
+        while len(self._state) > self.limit:
+            oldest = next(iter(self._state))
+            del self._state[oldest]
+            self._background.discard(oldest)
+            self._waits.pop(oldest, None)
+
+    def of(self, session: str) -> tuple[str, bool] | None:
+        """``(state, background)`` of ``session``; None if the events never told of it."""
+        state = self._state.get(session)
+        return None if state is None else (state, session in self._background)
+
+    def known(self) -> dict[str, tuple[str, bool]]:
+        """Every session the events told of: ``(state, background)``."""
+        return {s: (state, s in self._background) for s, state in self._state.items()}
 
 
 class _Entry:
@@ -142,6 +216,8 @@ class EventHub:
         self._clients: set[Subscriber] = set()
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
+        self.states = SessionStates()
+        """Each session's state as the events tell it."""
         # Filled by actor threads, drained on the loop; made by attach.
         self._inbox: LoopInbox[TurnEvent] | None = None
 
@@ -171,6 +247,7 @@ class EventHub:
     def _publish(self, event: TurnEvent) -> None:
         if self._closed or getattr(event, "session", None) is None:
             return  # an MCP server's event names no session: not a turn event, not streamed
+        self.states.see(event)
         entry = _Entry(self._next, event)
         self._next += 1
         if self.replay_events:

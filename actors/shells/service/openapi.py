@@ -47,6 +47,7 @@ _OUTCOME = {
         "session": {"type": "string"},
         "content": {"type": "string"},
         "truncated": {"type": "boolean"},
+        "output": {"description": "A typed turn's validated value (output_schema); else null."},
         "reason": {"type": "string"},
         "detail": {"type": "string"},
         "usage": {"type": "object"},
@@ -57,11 +58,40 @@ _OUTCOME = {
 
 _USAGE = {"type": "object", "description": "A Usage: tokens in, out and cached, and requests."}
 
+_STATE = {
+    "enum": ["idle", "running", "waiting", "completed", "failed", "cancelled"],
+    "description": "`idle` (no turn has run yet), `running`, `waiting` (a call of its own waits "
+    "for a person), or the last turn's outcome: `completed`, `failed`, `cancelled`.",
+}
+_BACKGROUND = {"type": "boolean", "description": "A background child (it keeps its state)."}
+
+_SESSION_ROW = {
+    "type": "object",
+    "properties": {
+        "session": {"type": "string"},
+        "agent": {"type": "string"},
+        "parent": {"type": ["string", "null"]},
+        "state": _STATE,
+        "background": _BACKGROUND,
+        "slot": {
+            "type": ["integer", "null"],
+            "description": "null where the profile's server has no slots (`openai`).",
+        },
+        "turns": {"type": "integer"},
+        "untrusted": {"type": "boolean"},
+        "messages": {"type": "integer"},
+        "created_at": {"type": "string"},
+        "updated_at": {"type": "string"},
+    },
+    "required": ["session", "state", "background"],
+}
+
 _SESSION_VIEW = {
     "session": {"type": "string"},
     "agent": {"type": "string", "description": "The session's profile."},
     "parent": {"type": ["string", "null"], "description": "The parent's id, for a child."},
-    "state": {"enum": ["running", "idle", "stored"]},
+    "state": _STATE,
+    "background": _BACKGROUND,
     "slot": {"type": "integer"},
     "backend": {
         "type": ["string", "null"],
@@ -78,13 +108,33 @@ _SESSION_VIEW = {
         "description": "Each stored turn's usage, in order: its own, and with its children's.",
         "items": {
             "type": "object",
-            "properties": {"usage": _USAGE, "usage_with_children": _USAGE},
-            "required": ["usage", "usage_with_children"],
+            "properties": {
+                "usage": _USAGE,
+                "usage_with_children": _USAGE,
+                "output": {"description": "The turn's validated output (null: a text turn)."},
+            },
+            "required": ["usage", "usage_with_children", "output"],
+        },
+    },
+    "output": {
+        "description": "A typed session's latest validated output as JSON (null for a text "
+        "turn), as `TurnCompleted.output` encodes it; for a schema that is not an object, as "
+        "the `value` the model gave."
+    },
+    "tools": {
+        "type": "array",
+        "description": "The tools the session is offered: each one's `name` and `description`.",
+        "items": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["name", "description"],
         },
     },
     "transcript": {
         "type": "array",
-        "description": "The live transcript: ChatMessage objects, as the next request sends.",
+        "description": "The live transcript: ChatMessage objects, as the next request sends "
+        "(a tool message also says if its result was `untrusted` and, for a call that waited "
+        "for a person, its `decision`: `approved`, `note`, `reason`; neither is sent).",
         "items": {"type": "object"},
     },
     "history": {
@@ -124,12 +174,15 @@ _REQUESTED = {
 
 _SETTLED = {
     "type": "object",
-    "description": "An ApprovalSettled event: the call was approved or declined.",
+    "description": "An ApprovalSettled event: the call was approved (with the `note` given) "
+    "or declined (for `reason`, which the model reads).",
     "properties": {
         "type": {"const": "ApprovalSettled"},
         "session": {"type": "string"},
         "call_id": {"type": "integer"},
         "approved": {"type": "boolean"},
+        "note": {"type": ["string", "null"]},
+        "reason": {"type": ["string", "null"]},
         "at": {"type": "string", "format": "date-time"},
     },
     "required": ["type", "session", "call_id", "approved"],
@@ -270,6 +323,14 @@ def openapi_document() -> dict[str, Any]:
                                             "description": "The agent profile of a new session.",
                                         },
                                         "wait": {"type": "boolean", "default": True},
+                                        "output_schema": {
+                                            "type": ["object", "null"],
+                                            "description": "A JSON schema: the turn is typed "
+                                            "(the model answers by calling final_answer) and "
+                                            "TurnCompleted.output is the validated value. A "
+                                            "session keeps the schema it was created with: "
+                                            "another is 400.",
+                                        },
                                         "cancel_on_disconnect": {
                                             "type": "boolean",
                                             "default": False,
@@ -291,7 +352,10 @@ def openapi_document() -> dict[str, Any]:
                             "Without wait: the turn was started.",
                             {"type": "object", "properties": {"session": {"type": "string"}}},
                         ),
-                        "400": _err("A bad id (a child's sub- id included), text, agent or body."),
+                        "400": _err(
+                            "A bad id (a child's sub- id included), text, agent, output_schema "
+                            "or body."
+                        ),
                         **_AUTH,
                         "413": _err("The body is over the cap (1 MiB)."),
                         "503": _err("The service is stopping."),
@@ -321,14 +385,15 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/sessions": {
                 "get": {
-                    "summary": "Every stored session, with its state (running, idle, stored).",
+                    "summary": "Every stored session, with its state (idle, running, waiting, "
+                    "completed, failed, cancelled) and whether it runs in the background.",
                     "responses": {
                         "200": _ok(
                             "The sessions.",
                             {
                                 "type": "object",
                                 "properties": {
-                                    "sessions": {"type": "array", "items": {"type": "object"}}
+                                    "sessions": {"type": "array", "items": _SESSION_ROW}
                                 },
                             },
                         ),

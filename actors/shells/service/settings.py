@@ -59,8 +59,9 @@ def service_settings(
     """The service's settings from ``[serve]`` and ``--listen`` (which wins), or None when
     neither gives an address (no HTTP service).
 
-    Raises :class:`ConfigError` for a bad address, for a ``token_env`` whose variable is unset
-    or empty, and for an address that is not loopback without a token.
+    Raises :class:`ConfigError` for a bad address, for a ``token_env`` whose variable is unset,
+    empty, only whitespace or has whitespace at either end (HTTP strips it, so no request
+    could carry that token), and for an address that is not loopback without a token.
     """
     environ = os.environ if environ is None else environ
     text = listen if listen is not None else config.serve.listen
@@ -74,10 +75,18 @@ def service_settings(
     name = config.serve.token_env
     if name is not None:
         token = environ.get(name, "")
-        if not token:
+        if not token.strip():
             raise ConfigError(
-                f"serve.token_env names {name}, which is unset or empty: set it to the token "
-                f"clients must send, or remove serve.token_env; {RUNBOOK_NO_TOKEN}"
+                f"serve.token_env names {name}, which is unset or empty (or only whitespace): "
+                "set it to the token clients must send, or remove serve.token_env; "
+                f"{RUNBOOK_NO_TOKEN}"
+            )
+        if token != token.strip():
+            # HTTP strips a header value's spaces: such a token could never be sent whole.
+            raise ConfigError(
+                f"serve.token_env names {name}, whose token begins or ends with whitespace, "
+                "which HTTP strips from the Authorization header, so no request could match "
+                f"it: remove the whitespace; {RUNBOOK_NO_TOKEN}"
             )
     if token is None and not is_loopback(host):
         raise ConfigError(

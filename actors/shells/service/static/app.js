@@ -4,7 +4,8 @@
    from the service is put in the page as text (textContent), never as HTML. */
 (function () {
   "use strict";
-  const { SseParser, Family, Approvals } = window.LoopdTree;
+  const { SseParser, Family, Approvals, tokensText } = window.LoopdTree;
+  const Console = window.LoopdConsole;
   const TOKEN_KEY = "loopd-token";
   const $ = (id) => document.getElementById(id);
 
@@ -62,6 +63,8 @@
     return el;
   }
 
+  window.LoopdApi = api;
+
   function say(message) {
     $("message").textContent = message || "";
   }
@@ -85,7 +88,8 @@
       if (depth) tr.className = "child";
       if (family && row.session === family.root) tr.classList.add("picked");
       tr.append(
-        text("td", row.session), text("td", row.agent || ""), text("td", row.state),
+        text("td", row.session), text("td", row.agent || ""),
+        stateCell(row.state, row.background),
         text("td", row.turns ?? ""), text("td", row.messages ?? ""),
         text("td", (row.updated_at || "").replace(/^.*T/, "").replace(/\.\d+Z$/, "")),
       );
@@ -95,6 +99,13 @@
       if (depth < 8) for (const child of byParent.get(row.session) || []) add(child, depth + 1);
     };
     for (const row of byParent.get("") || []) add(row, 0);
+  }
+
+  function stateCell(state, background) {
+    const td = document.createElement("td");
+    td.append(text("span", state || "", "state " + (state || "")));
+    if (background) td.append(" ", text("span", "background", "badge background"));
+    return td;
   }
 
   function familyRoot(row, rows) {
@@ -114,7 +125,11 @@
   /* Pick a family: seed its tree from the store, then the live events keep it current. */
   async function pick(rootId) {
     family = new Family(rootId);
-    for (const event of recent) family.apply(event);
+    Console.pick(rootId, family);
+    for (const event of recent) {
+      family.apply(event);
+      Console.see(event);
+    }
     $("family-name").textContent = rootId;
     say("");
     const picked = family;
@@ -147,11 +162,18 @@
     const box = text("div", null, "node " + node.state);
     box.dataset.session = node.id;
     const head = text("div", null, "head");
-    head.append(text("span", node.id, "id"), text("span", node.state, "state"));
+    const id = text("a", node.id, "id");
+    id.href = "#";
+    id.onclick = (e) => {
+      e.preventDefault();
+      Console.show(node.id);
+    };
+    head.append(id, text("span", node.state, "state"));
+    if (node.background) head.append(text("span", "background", "badge background"));
     const facts = [];
     if (node.agent) facts.push("agent " + node.agent);
     if (node.slot !== null && node.slot !== undefined) facts.push("slot " + node.slot);
-    facts.push(node.tokens + " tokens");
+    facts.push(tokensText(node.tokens, node.requests, node.unmeasured));
     const time = elapsed(node, now);
     if (time) facts.push(time);
     if (node.tool) facts.push("calling " + node.tool);
@@ -159,7 +181,9 @@
     head.append(text("span", facts.join(" · "), "facts"));
     box.append(head);
     if (node.reason) box.append(text("div", node.reason + (node.detail ? ": " + node.detail : ""), "detail"));
-    if (node.text) box.append(text("pre", node.text.slice(-4000)));
+    if (node.output !== undefined && node.output !== null) {
+      box.append(text("pre", JSON.stringify(node.output, null, 2), "output"));
+    } else if (node.text) box.append(text("pre", node.text.slice(-4000)));
     li.append(box);
     if (node.children.length) {
       const ul = document.createElement("ul");
@@ -180,7 +204,8 @@
     const ul = text("ul", null, "tree");
     ul.append(drawNode(data, Date.now()));
     tree.replaceChildren(ul);
-    $("cancel").hidden = data.state !== "running";
+    $("cancel").hidden = data.state !== "running" && data.state !== "waiting";
+    Console.render();
   }
 
   function queueRender() {
@@ -213,13 +238,16 @@
     head.append(
       text("span", request.session, "id"),
       text("span", "call " + request.call_id + ": " + request.tool, "tool"),
-      text("span", (request.at || "").replace(/^.*T/, "").replace(/\.\d+Z$/, ""), "facts"),
+      text("span", "", "agent"),
+      text("span", "", "facts waited"),
     );
+    head.querySelector(".waited").dataset.at = request.at || "";
     li.append(head);
-    if (request.untrusted) {
-      li.append(text("div", "untrusted: this session read untrusted data, so these arguments " +
-        "may come from injected text", "warning"));
-    }
+    li.append(text("div", "", "description"));
+    li.append(text("blockquote", "", "said"));
+    li.append(text("div", request.untrusted ? "untrusted: this session read untrusted data, " +
+      "so these arguments may come from injected text" : "", request.untrusted ? "warning" : "trusted"));
+    Console.context(request, li);
     let shown = request.arguments;
     try {
       shown = JSON.stringify(JSON.parse(request.arguments), null, 2);
@@ -230,11 +258,14 @@
     const actions = text("div", null, "actions");
     const approve = text("button", "Approve", "approve");
     const reason = text("input", null, "reason");
-    reason.placeholder = "why not (the model reads it)";
+    reason.placeholder = "a note (kept) or why not (the model reads it)";
     const decline = text("button", "Decline", "decline");
-    const said = text("span", "", "hint said");
+    const said = text("span", "", "hint outcome");
     approve.type = decline.type = "button";
-    approve.onclick = () => decide(request, { approve: true }, li, said);
+    approve.onclick = () => {
+      const note = reason.value.trim();
+      decide(request, note ? { approve: true, note: note } : { approve: true }, li, said);
+    };
     decline.onclick = () => {
       if (!reason.value.trim()) {
         reason.focus();
@@ -346,6 +377,7 @@
     if (approvals.apply(event)) drawApprovals();
     // A cancel drops a waiting call without an ApprovalSettled: ask what still waits.
     if (event.type === "TurnEnded" && approvals.waits(event.session)) queueApprovals();
+    Console.event(event);
     if (family && family.apply(event)) {
       queueRender();
       if (event.type === "TurnEnded") reseed(family, event.session);
@@ -388,6 +420,7 @@
   };
 
   setInterval(() => {
+    Console.tick();
     if (family && family.toJSON().state === "running") queueRender(); // elapsed times tick
   }, 1000);
 

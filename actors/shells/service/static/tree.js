@@ -74,9 +74,10 @@
     let found = this.nodes.get(id);
     if (!found) {
       found = {
-        id: id, parent: null, children: [], state: "stored", agent: "", slot: null,
-        tokens: 0, started: null, ended: null, text: "", tool: null, reason: null, detail: "",
-        touched: false, waiting: null,
+        id: id, parent: null, children: [], state: "idle", agent: "", slot: null,
+        tokens: 0, requests: 0, unmeasured: 0, started: null, ended: null, text: "", tool: null,
+        reason: null, detail: "", touched: false, waiting: null, waits: 0, background: false,
+        output: undefined,
       };
       this.nodes.set(id, found);
     }
@@ -103,8 +104,14 @@
     // Live events know better than the store (whose answer may have been read before the
     // latest event): only a node no event has touched takes the stored state.
     if (!n.touched) n.state = shown.state || n.state;
+    if (shown.background) n.background = true;
     const usage = shown.usage || {};
-    if (!n.tokens) n.tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+    if (!n.tokens && !n.requests) {
+      n.tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+      n.requests = usage.requests || 0;
+      n.unmeasured = usage.unmeasured_requests || 0;
+    }
+    if (shown.output !== undefined && n.output === undefined) n.output = shown.output;
     const last = (shown.transcript || []).filter((m) => m.role === "assistant" && m.content);
     if (last.length && !n.text) n.text = last[last.length - 1].content;
     for (const child of shown.children || []) this.adopt(shown.session, child);
@@ -120,6 +127,7 @@
       case "TurnStarted":
         n.state = "running";
         n.slot = event.slot;
+        n.output = undefined;
         n.started = event.at;
         n.ended = null;
         n.reason = null;
@@ -136,6 +144,8 @@
       case "ModelAnswered": {
         const usage = event.usage || {};
         n.tokens += (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+        n.requests += usage.requests || 0;
+        n.unmeasured += usage.unmeasured_requests || 0;
         if (event.slot !== null && event.slot !== undefined) n.slot = event.slot;
         if (event.content) n.text = event.content;
         break;
@@ -150,23 +160,34 @@
         const child = this.adopt(event.session, event.child);
         child.touched = true;
         child.state = "running";
+        child.background = Boolean(event.background);
         child.started = child.started || event.at;
         break;
       }
       case "SubagentFinished": {
         const child = this.adopt(event.session, event.child);
         child.touched = true;
-        if (child.state === "running") child.state = endState(event.completed, event.reason);
+        if (child.state === "running" || child.state === "waiting") {
+          child.state = endState(event.completed, event.reason);
+        }
         break;
       }
       case "ApprovalRequested":
         n.waiting = event.tool;
+        n.waits += 1;
+        n.state = "waiting";
         break;
       case "ApprovalSettled":
-        n.waiting = null;
+        n.waits = Math.max(0, n.waits - 1);
+        if (!n.waits) {
+          n.waiting = null;
+          if (n.state === "waiting") n.state = "running";
+        }
         break;
       case "TurnEnded":
         n.waiting = null;
+        n.waits = 0;
+        n.output = event.output === undefined ? null : event.output;
         n.state = endState(event.completed, event.reason);
         n.ended = event.at;
         n.reason = event.reason || null;
@@ -244,7 +265,13 @@
     return Array.from(this.waiting.values()).sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0));
   };
 
-  const api = { SseParser, Family, Approvals, descendsFrom, depthOf };
+  /* Tokens as a person reads them: "unknown" when no server reported any of the requests'. */
+  function tokensText(tokens, requests, unmeasured) {
+    if (requests > 0 && unmeasured >= requests) return "unknown tokens";
+    return tokens + " tokens";
+  }
+
+  const api = { SseParser, Family, Approvals, descendsFrom, depthOf, tokensText };
   if (typeof module !== "undefined" && module.exports) module.exports = api;
   else root.LoopdTree = api;
 })(this);
