@@ -59,10 +59,13 @@ def test_an_approved_call_runs_and_the_others_ran_meanwhile(loopd_runtime) -> No
     assert end.completed
     assert ran == ["prod"]
     assert rt.pending_approvals() == ()
-    # Results went back in call order.
+    # Each result was stored as it came (status's first, while deploy waited); the model
+    # read them in call order.
     history = [m for m in rt_history(rt, "s") if m.role == "tool"]
-    assert [m.tool_call_id for m in history] == [1, 2]
-    assert history[0].content == "deployed to prod"
+    assert [m.tool_call_id for m in history] == [2, 1]
+    assert history[1].content == "deployed to prod"
+    read = [m.tool_call_id for m in rt.model.requests[-1].messages if m.role == "tool"]
+    assert read == [1, 2]
 
 
 def test_a_declined_call_answers_the_denial_and_a_second_decision_is_refused(
@@ -79,8 +82,8 @@ def test_a_declined_call_answers_the_denial_and_a_second_decision_is_refused(
     assert isinstance(again, ApprovalRefused)
     assert again.detail == "call 1 of session s is not waiting for a decision"
     events.wait(ended())
-    tools = [m for m in rt_history(rt, "s") if m.role == "tool"]
-    assert tools[0].content == "Denied: a person declined this call: not on a Friday."
+    tools = {m.tool_call_id: m for m in rt_history(rt, "s") if m.role == "tool"}
+    assert tools[1].content == "Denied: a person declined this call: not on a Friday."
     assert ran == []
 
 
@@ -92,8 +95,8 @@ def test_a_call_nobody_decides_is_declined_at_the_timeout(loopd_runtime) -> None
     settled = events.wait(lambda e: isinstance(e, ApprovalSettled))
     assert not settled.approved
     events.wait(ended())
-    tools = [m for m in rt_history(rt, "s") if m.role == "tool"]
-    assert tools[0].content == "Denied: a person declined this call: no decision within 0.2 s."
+    tools = {m.tool_call_id: m for m in rt_history(rt, "s") if m.role == "tool"}
+    assert tools[1].content == "Denied: a person declined this call: no decision within 0.2 s."
 
 
 def test_a_wait_survives_a_stop_and_the_decision_resumes_the_turn(loopd_runtime) -> None:
@@ -404,8 +407,8 @@ def test_two_waiting_calls_after_a_restart_both_decided_at_once(loopd_runtime) -
     end = later.wait(ended())
     assert end.completed
     assert ran == ["prod"]
-    texts = [m.content for m in rt_history(again, "s") if m.role == "tool"]
-    assert texts == ["deployed to prod", "Denied: a person declined this call: not eu."]
+    texts = {m.tool_call_id: m.content for m in rt_history(again, "s") if m.role == "tool"}
+    assert texts == {1: "deployed to prod", 2: "Denied: a person declined this call: not eu."}
 
 
 def test_approve_and_deny_over_real_http(loopd_runtime, chat_server, loopd_config) -> None:

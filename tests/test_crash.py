@@ -9,7 +9,8 @@ session is checked:
    bytes, and every turn the driver reported completed has its answer stored;
 2. call ids are unique and strictly increasing over a session's whole history (1, 2, 3...), and
    its ``next_call_id`` is above every id used;
-3. every tool message answers a call of the assistant message before it, once, in call order;
+3. every tool message answers a call of the assistant message before it, once (an answer's
+   results in any order: each is stored as it comes);
 4. only a session's last assistant message may have calls without results (a cut-off turn).
 
 A cut-off top-level turn must be repaired by the next turn on that session: a child that was in
@@ -61,6 +62,7 @@ class CutOff:
     session: str
     seq: int
     calls: tuple[tuple[int, str], ...]
+    end: int  # the last stored message then: results that came before the kill go before
     repaired: bool = False
 
 
@@ -229,10 +231,13 @@ def check_session(
     for s in history:
         m = s.message
         if m.role == "tool":
-            if pending and m.tool_call_id == pending[0][0]:
-                pending.pop(0)
+            # An answer's results are stored as they come, in any order (the model reads
+            # them in call order): each answers one of the calls still open, once.
+            open_ids = [c for c, _ in pending]
+            if m.tool_call_id in open_ids:
+                pending.pop(open_ids.index(m.tool_call_id))
             elif m.tool_call_id in used:
-                problem(f"{s.seq} answers call {m.tool_call_id} twice, or out of call order")
+                problem(f"{s.seq} answers call {m.tool_call_id} twice")
             else:
                 problem(f"{s.seq} answers call {m.tool_call_id}, which was never made")
             continue
@@ -253,17 +258,19 @@ def check_session(
     # A cut-off turn: remember it; and a turn found cut off before must be repaired exactly.
     if pending:
         key = (session, pending_seq)
-        ledger.cut_offs.setdefault(key, CutOff(session, pending_seq, tuple(pending)))
+        ledger.cut_offs.setdefault(
+            key, CutOff(session, pending_seq, tuple(pending), history[-1].seq)
+        )
     for cut in ledger.cut_offs.values():
-        if cut.session != session or cut.repaired or cut.seq + 1 not in by_seq:
+        if cut.session != session or cut.repaired or cut.end + 1 not in by_seq:
             continue
         expected = [
             ChatMessage(role="tool", content=repair_text(session, i, name), tool_call_id=i)
             for i, name in cut.calls
         ]
-        after = range(cut.seq + 1, cut.seq + 1 + len(expected))
+        after = range(cut.end + 1, cut.end + 1 + len(expected))
         got = [by_seq[q].message if q in by_seq else None for q in after]
-        following = by_seq.get(cut.seq + 1 + len(expected))
+        following = by_seq.get(cut.end + 1 + len(expected))
         if got != expected or following is None or following.message.role != "user":
             problem(f"the turn cut off at {cut.seq} was not repaired as expected: {got}")
         cut.repaired = True

@@ -304,7 +304,7 @@ def park(turn: Turn) -> list[Effect] | None:
     has its result and every request is stored): store those results, keep the waiting calls
     unanswered (their requests stay stored), and end unpublished. None: it cannot park now."""
     held = turn.wait.held
-    if not held or turn.wait.storing:
+    if not held or turn.wait.storing or turn._result_writes:  # a write in flight: not yet
         return None
     if any(c.id not in turn._results and c.id not in held for c in turn._calls):
         return None
@@ -315,10 +315,10 @@ def park(turn: Turn) -> list[Effect] | None:
     )
     decided = tuple(c for c in turn.wait.asked if c not in held)  # their results go now
     held.clear()
-    if not results:
-        return []
-    turn.state.extend(results)
     forget: list[Effect] = [ForgetApprovals(decided)] if decided else []
+    if not results:  # every other result is stored already
+        return forget
+    turn.state.extend(results)
     return [Persist(next(turn.ids), results), *forget]
 
 
