@@ -371,13 +371,25 @@ def test_the_console_shows_states_a_transcript_the_timeline_and_approvals_in_con
     _wait(browser, lambda b: _row_state(b, "sub-plan-1") == "running background")
     browser.find_element(By.XPATH, "//td[text()='plan']").click()
     _view(browser, "timeline")
-    rows = _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#timeline .row"))
-    assert [r.get_attribute("data-session") for r in rows] == ["plan", "sub-plan-1"]
-    assert "completed" in rows[0].get_attribute("class")
-    assert "running" in rows[1].get_attribute("class")  # the child still runs
-    assert rows[0].find_elements(By.CSS_SELECTOR, ".bar.completed")
-    assert rows[0].find_elements(By.CSS_SELECTOR, ".mark.model")
-    assert rows[0].find_elements(By.CSS_SELECTOR, ".mark.tool")
+
+    def timeline(b: Any) -> list[tuple[str, str, bool, bool, bool]]:
+        # Read in one go, and again if the live page redrew a row meanwhile (stale).
+        return [
+            (
+                r.get_attribute("data-session"),
+                r.get_attribute("class"),
+                bool(r.find_elements(By.CSS_SELECTOR, ".bar.completed")),
+                bool(r.find_elements(By.CSS_SELECTOR, ".mark.model")),
+                bool(r.find_elements(By.CSS_SELECTOR, ".mark.tool")),
+            )
+            for r in b.find_elements(By.CSS_SELECTOR, "#timeline .row")
+        ]
+
+    rows = _wait(browser, lambda b: len(shown := timeline(b)) == 2 and shown)
+    assert [r[0] for r in rows] == ["plan", "sub-plan-1"]
+    assert "completed" in rows[0][1]
+    assert "running" in rows[1][1]  # the child still runs
+    assert rows[0][2:] == (True, True, True)  # its bar, a model request and a tool call
     browser.save_screenshot(str(DOCS / "console-timeline.png"))
 
     # Its transcript: the call linked to the child, the typed output's values, unknown usage.

@@ -100,11 +100,12 @@ def test_sessions_and_sessions_show_as_json_lines(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert {r["id"] for r in rows} == {"main", "sub-main-1"}
-    # The stored fields of a GET /v1/sessions row, and ``id`` beside ``session``.
+    # A GET /v1/sessions row, and ``id`` beside ``session``.
     assert set(rows[0]) == {
-        "id", "session", "agent", "parent", "slot", "turns", "untrusted", "messages",
-        "created_at", "updated_at",
+        "id", "session", "agent", "parent", "state", "background", "slot", "turns",
+        "untrusted", "messages", "created_at", "updated_at",
     }  # fmt: skip
+    assert {r["id"]: r["state"] for r in rows} == {"main": "completed", "sub-main-1": "completed"}
     assert rows[1]["parent"] == "main" and rows[1]["session"] == rows[1]["id"]
     shown = loopd(tmp_path, "sessions", "show", "main", "--json")
     assert shown.returncode == 0, shown.stderr
