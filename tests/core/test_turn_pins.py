@@ -73,8 +73,12 @@ def test_a_denied_call_answers_its_own_call_id_and_says_denied() -> None:
     request = persist_and_ask(turn, turn.start("go"))
     saved = one(turn.model_answer(answer(request, None, ("nope", "{}"))), Persist)
     effects = turn.persisted(saved.request_id)
-    (finished,) = [e.event for e in only(effects, Emit) if isinstance(e.event, ToolCallFinished)]
-    assert finished.denied and finished.call_id == 1
-    (result,) = one(effects, Persist).messages
+    stored = one(effects, Persist)
+    (result,) = stored.messages
     assert (result.role, result.tool_call_id) == ("tool", 1)
     assert result.content == "Denied: there is no tool with this name: nope."
+    # Told once the result is durable, not before (SPEC 18).
+    assert not [e for e in only(effects, Emit) if isinstance(e.event, ToolCallFinished)]
+    told = turn.persisted(stored.request_id)
+    (finished,) = [e.event for e in only(told, Emit) if isinstance(e.event, ToolCallFinished)]
+    assert finished.denied and finished.call_id == 1
