@@ -173,16 +173,24 @@ class Hold:
         if self.parent is None:
             effects.append(Reply(self.reply_to, TurnFailed(self.session, reason, detail)))
             return effects
+        failed = SubagentFailed(self.parent, self.call_id, self.session, reason, False, detail)
+        effects += [*self._finished(failed), self._to_parent(failed)]
+        return effects
+
+    def _finished(self, reply: SubagentCompleted | SubagentFailed) -> list[ContextEffect]:
+        """A background child's ``SubagentFinished``, published here; a foreground child's is
+        the parent's to publish, once it has stored the answer (SPEC 18)."""
+        if not self.background:
+            return []
+        assert self.parent is not None
         finished = SubagentFinished(
             session=self.parent,
             call_id=self.call_id,
             child=self.session,
-            completed=False,
-            reason=reason,
+            completed=isinstance(reply, SubagentCompleted),
+            reason=reply.reason if isinstance(reply, SubagentFailed) else None,
         )
-        failed = SubagentFailed(self.parent, self.call_id, self.session, reason, False, detail)
-        effects += [Emit(finished), self._to_parent(failed)]
-        return effects
+        return [Emit(finished)]
 
     def child_answer(
         self, outcome: TurnOutcome, untrusted: bool, summary_chars: int
@@ -202,27 +210,18 @@ class Hold:
             reply: SubagentCompleted | SubagentFailed = SubagentCompleted(
                 self.parent, self.call_id, self.session, summary, untrusted, outcome.usage
             )
-            reason = None
         else:
-            reason = outcome.reason
             reply = SubagentFailed(
                 self.parent,
                 self.call_id,
                 self.session,
-                reason,
+                outcome.reason,
                 untrusted,
                 outcome.detail,
                 outcome.usage,
             )
-        # The event first, so it reaches the bus before anything the parent does next.
-        finished = SubagentFinished(
-            session=self.parent,
-            call_id=self.call_id,
-            child=self.session,
-            completed=reason is None,
-            reason=reason,
-        )
-        return [Emit(finished), self._to_parent(reply)]
+        # A background child's event first, so it reaches the bus before the report's turn.
+        return [*self._finished(reply), self._to_parent(reply)]
 
 
 class HoldTable:

@@ -86,6 +86,8 @@ from messages import (
     ModelRequestSent,
     ProposedCall,
     Resume,
+    SubagentCompleted,
+    SubagentFinished,
     SubagentResult,
     ToolCall,
     ToolCallFinished,
@@ -105,7 +107,28 @@ __all__ = [
     "SUMMARY_PREFIX",
     "Limits",
     "Turn",
+    "subagent_finished",
 ]
+
+
+def subagent_finished(session: str, result: SubagentResult, *, answered: bool) -> SubagentFinished:
+    """The event of a child's answer to ``session``'s call, told once the parent's turn has
+    stored it (``answered``). A parent that no longer waits for the call (its turn ended, was
+    cancelled, or answered the call otherwise) stored something else for it: the event then
+    says the call failed, with the child's reason, or ``CANCELLED`` for a child that
+    completed too late, so a subscriber is never told an outcome the parent does not hold."""
+    completed = isinstance(result, SubagentCompleted)
+    if answered:
+        reason = None if completed else result.reason
+    else:
+        reason = FailReason.CANCELLED if completed else result.reason
+    return SubagentFinished(
+        session=session,
+        call_id=result.call_id,
+        child=result.child,
+        completed=answered and completed,
+        reason=reason,
+    )
 
 
 def _stored(usage: Usage) -> Usage | None:
@@ -357,9 +380,13 @@ class Turn:
             )
         return self.finish_turn(failed)
 
-    def tool_result(self, result: ToolResult, cap: int | None = None) -> list[Effect]:
-        """A dispatched call has its result; once all have, they go back in call order. Its
-        text is capped at ``cap`` characters (``loop.tool_result_cap`` unless given)."""
+    def tool_result(
+        self, result: ToolResult, cap: int | None = None, told: tuple[Effect, ...] = ()
+    ) -> list[Effect]:
+        """A dispatched call has its result: it is stored, then ``told`` and its
+        ``ToolCallFinished`` are published; once all results are stored the turn goes on (the
+        model reads them in call order). Its text is capped at ``cap`` characters
+        (``loop.tool_result_cap`` unless given)."""
         if self.phase is not _Phase.CALLING or result.call_id in self._results:
             return []
         call = next((c for c in self._calls if c.id == result.call_id), None)
@@ -376,7 +403,7 @@ class Turn:
             denied=result.denied,
             untrusted=result.untrusted,
         )
-        return self._store_results((call.id,), [Emit(finished)])
+        return self._store_results((call.id,), [*told, Emit(finished)])
 
     def subagent_result(self, result: SubagentResult) -> list[Effect]:
         """A child answered the ``subagent`` call ``result.call_id``; what it spent is added to
@@ -391,9 +418,13 @@ class Turn:
         text = subagent_result_text(result)
         # The cap is the summary's: a typed child's JSON (at most the cap) is never cut.
         cap = self.limits.tool_result_cap + len(text) - len(getattr(result, "summary", text))
-        return self.tool_result(
-            ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted), cap
+        finished = Emit(subagent_finished(self.state.id, result, answered=True))
+        effects = self.tool_result(
+            ToolResult(result.call_id, text, DataClass.PUBLIC, result.untrusted), cap, (finished,)
         )
+        if effects:
+            return effects
+        return [Emit(subagent_finished(self.state.id, result, answered=False))]
 
     def cancel(
         self, reason: FailReason, detail: str, park: bool = False, keep: tuple[int, ...] = ()

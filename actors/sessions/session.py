@@ -18,7 +18,7 @@ from actors.core.dispatch import Registry
 from actors.core.limits import Limits
 from actors.core.output import FinalAnswer, OutputTypes
 from actors.core.session_state import SessionState, store_failure_reason
-from actors.core.turn import Turn
+from actors.core.turn import Turn, subagent_finished
 from actors.core.turn_effects import (
     Announce,
     AskApproval,
@@ -201,6 +201,10 @@ class SessionActor(DispatchedActor):
             # session's next request; an answer its turn no longer wants was spent all the same.
             self.env.directory.tell(CONTEXT, TokensSpent(self.state.id, message.usage))
         turn = self.turn
+        if turn is None and isinstance(message, SubagentCompleted | SubagentFailed):
+            # A child that answers a turn gone already: said as a call that failed.
+            self._carry_out([Emit(subagent_finished(self.state.id, message, answered=False))])
+            return None
         if turn is None:
             # A background report for a turn that just ended: the Context hears the turn did
             # not store it (SessionTurnEnded.reports) and runs it as a new turn.

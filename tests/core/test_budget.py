@@ -4,6 +4,7 @@ the Context; once it is spent no further request of that family goes out."""
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import pytest
@@ -68,7 +69,14 @@ def test_a_spent_budget_fails_the_turn_and_its_running_children(
     model = ModelConfig(base_url=server.base_url, name="m", timeout_s=10, retries=0)
     rt = loopd_runtime(config=loopd_config.replace(model=model), loop={"token_budget": 100})
     seen: list[Any] = []
-    rt.subscribe(seen.append)
+    both = threading.Event()
+
+    def note(event: Any) -> None:
+        seen.append(event)
+        if sum(isinstance(e, SubagentFinished) for e in seen) == 2:
+            both.set()
+
+    rt.subscribe(note)
     outcome = rt.run_turn("mm", "go", timeout=WAIT)
     assert isinstance(outcome, TurnFailed) and outcome.reason is FailReason.BUDGET
     assert "loop.token_budget is 100" in outcome.detail
@@ -78,6 +86,9 @@ def test_a_spent_budget_fails_the_turn_and_its_running_children(
     # The parent's request and each child's first: both went out below the budget, at 60.
     # Every request after them was refused without being sent.
     assert len(server.requests) == 3
+    # Each child's event is told by the parent once it has stored the answer, or as a call
+    # that failed once the parent's turn is over: it may come after the outcome.
+    assert both.wait(WAIT)
     children = [e for e in seen if isinstance(e, SubagentFinished)]
     assert {(e.child, e.reason) for e in children} == {
         ("sub-mm-1", FailReason.BUDGET),

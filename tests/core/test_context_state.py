@@ -177,8 +177,7 @@ def test_a_childs_outcome_goes_to_its_parents_pending_call(tmp_path) -> None:
     ended = SessionTurnEnded("sub-p-3", TurnCompleted("sub-p-3", "6000", usage=usage), 1, True)
     effects = shell.run(shell.state.turn_ended(ended))
     assert effects[0] == UpdateMemory("sub-p-3", 1)
-    (finished,) = [e.event for e in of(Emit, effects)]
-    assert (finished.session, finished.child, finished.completed) == ("p", "sub-p-3", True)
+    assert not of(Emit, effects)  # SubagentFinished: the parent tells it once stored
     assert of(ToSession, effects) == [
         ToSession("p", SubagentCompleted("p", 3, "sub-p-3", "6000", True, usage))
     ]

@@ -6,8 +6,19 @@ from __future__ import annotations
 
 from test_turn import answer, new_turn, one, only, persist_and_ask
 
-from actors.core.turn_effects import Emit, Finish, Persist, RequestModel
-from messages import FailReason, ModelAnswer, ToolCallFinished, TurnCompleted, TurnEnded, TurnFailed
+from actors.core.turn_effects import Emit, Finish, Persist, RequestModel, Spawn
+from messages import (
+    FailReason,
+    ModelAnswer,
+    SubagentCompleted,
+    SubagentFailed,
+    SubagentFinished,
+    ToolCallFinished,
+    TurnCompleted,
+    TurnEnded,
+    TurnFailed,
+    Usage,
+)
 
 
 def test_a_failed_write_of_the_user_message_fails_the_turn_with_the_stores_words() -> None:
@@ -82,3 +93,48 @@ def test_a_denied_call_answers_its_own_call_id_and_says_denied() -> None:
     told = turn.persisted(stored.request_id)
     (finished,) = [e.event for e in only(told, Emit) if isinstance(e.event, ToolCallFinished)]
     assert finished.denied and finished.call_id == 1
+
+
+def _spawned(turn):
+    """A turn whose model called ``subagent`` once: the Spawn it asked for."""
+    request = persist_and_ask(turn, turn.start("go"))
+    saved = one(turn.model_answer(answer(request, None, ("subagent", '{"task": "t"}'))), Persist)
+    return one(turn.persisted(saved.request_id), Spawn)
+
+
+def test_a_childs_finish_is_told_once_the_parent_stored_its_answer() -> None:
+    turn = new_turn()
+    spawn = _spawned(turn)
+    done = SubagentCompleted("mm-thread", spawn.call_id, spawn.child, "found it", False, Usage())
+    effects = turn.subagent_result(done)
+    assert not only(effects, Emit)  # nothing told before the answer is durable (SPEC 18)
+    told = turn.persisted(one(effects, Persist).request_id)
+    finished = [e.event for e in only(told, Emit) if isinstance(e.event, SubagentFinished)]
+    assert finished == [
+        SubagentFinished(
+            session="mm-thread",
+            call_id=spawn.call_id,
+            child=spawn.child,
+            completed=True,
+            at=finished[0].at,
+        )
+    ]
+
+
+def test_a_child_that_answers_a_turn_gone_is_told_as_a_call_that_failed() -> None:
+    turn = new_turn()
+    spawn = _spawned(turn)
+    turn.cancel(FailReason.CANCELLED, "stop")
+    late = SubagentCompleted("mm-thread", spawn.call_id, spawn.child, "too late", False, Usage())
+    (event,) = [e.event for e in only(turn.subagent_result(late), Emit)]
+    assert isinstance(event, SubagentFinished)
+    assert (event.child, event.completed, event.reason) == (
+        spawn.child,
+        False,
+        FailReason.CANCELLED,
+    )
+    failed = SubagentFailed(
+        "mm-thread", spawn.call_id, spawn.child, FailReason.BUDGET, False, "spent"
+    )
+    (event,) = [e.event for e in only(turn.subagent_result(failed), Emit)]
+    assert (event.completed, event.reason) == (False, FailReason.BUDGET)

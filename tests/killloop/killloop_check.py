@@ -258,17 +258,18 @@ def _same_json(a: str | None, b: str) -> bool:
 
 def transcript_problems(history: list[StoredMessage]) -> list[str]:
     """Call ids 1, 2, 3...; every tool message answers a call of the assistant message before
-    it, once, in call order; no call left without a result."""
+    it, once (an answer's results in any order: each is stored as it comes, and the model
+    reads them in call order); no call left without a result."""
     problems: list[str] = []
     used: list[int] = []
     pending: list[int] = []
     for s in history:
         m = s.message
         if m.role == "tool":
-            if pending and m.tool_call_id == pending[0]:
-                pending.pop(0)
+            if m.tool_call_id in pending:
+                pending.remove(m.tool_call_id)
             else:
-                problems.append(f"message {s.seq} answers call {m.tool_call_id} out of order")
+                problems.append(f"message {s.seq} answers call {m.tool_call_id}, not an open call")
             continue
         if pending:
             problems.append(f"message {s.seq} follows calls {pending} without results")
