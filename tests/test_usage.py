@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from messages import (
     ModelAnswered,
     SubagentFinished,
     TurnCompleted,
+    TurnEnded,
     TurnFailed,
     Usage,
 )
@@ -78,9 +80,19 @@ def test_a_turn_sums_its_own_requests_and_every_descendants(
     server = chat_server(family_script)
     rt = loopd_runtime(config=wire(loopd_config, server.base_url))
     seen: list[Any] = []
-    rt.subscribe(seen.append)
+    ended = threading.Event()
+
+    def note(event: Any) -> None:
+        seen.append(event)
+        if isinstance(event, TurnEnded) and event.session == "mm":
+            ended.set()
+
+    rt.subscribe(note)
     outcome = rt.run_turn("mm", "plan", timeout=WAIT)
     assert isinstance(outcome, TurnCompleted)
+    # The events come through the bus: the last ModelAnswered (told once the answer is
+    # stored) may reach a subscriber after the caller has its outcome.
+    assert ended.wait(WAIT)
     # 2 requests of mm, 2 of sub-mm-1, 1 of sub-mm-2, 1 of the grandchild.
     assert outcome.usage == used(100 + 200 + 30 + 31 + 50 + 7, 10 + 20 + 3 + 4 + 5 + 1, 150, 6)
     answered = [e for e in seen if isinstance(e, ModelAnswered)]

@@ -30,7 +30,6 @@ from messages import (
     ModelError,
     ModelRequest,
     TurnCompleted,
-    TurnEvent,
     TurnFailed,
     Usage,
 )
@@ -65,12 +64,6 @@ def is_child(body: dict[str, Any]) -> bool:
 def last(body: dict[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = body["messages"][-1]
     return message
-
-
-def events_of(rt: Runtime) -> list[TurnEvent]:
-    seen: list[TurnEvent] = []
-    rt.subscribe(seen.append)
-    return seen
 
 
 def model_loops() -> list[threading.Thread]:
@@ -231,15 +224,18 @@ def test_the_slot_wait_does_not_count_against_the_deadline(
     # request waits about 0.3 s for the slot and still has its whole 0.5 s.
     server = chat_server(lambda body: Delayed(reply("ok"), 0.3))
     rt = loopd_runtime(config=on_http(loopd_config, server, timeout_s=0.5))
-    seen = events_of(rt)
+    events = Probe.start(rt.directory)
+    rt.subscribe(events.tell)
     probe = Probe.start(rt.directory)
     rt.send_turn("a", "x", reply_to=probe.address)
     rt.send_turn("b", "x", reply_to=probe.address)
     assert [o.content for o in probe.expect_all(TurnCompleted, 2, timeout=WAIT)] == ["ok", "ok"]
-    waits = sorted(e.slot_wait_s for e in seen if isinstance(e, ModelAnswered))
+    # Told once each answer is stored, through the bus: waited for, not read at once.
+    waits = sorted(e.slot_wait_s for e in events.expect_all(ModelAnswered, 2, timeout=WAIT))
     assert waits[0] < 0.2 and waits[1] >= 0.2, waits
     assert server.overlaps == []
     probe.stop()
+    events.stop()
 
 
 def test_a_slot_rests_after_a_request_that_timed_out(loopd_runtime, loopd_config, chat_server):
@@ -276,7 +272,8 @@ def test_concurrent_requests_never_share_a_slot(loopd_runtime, loopd_config, cha
     server = chat_server(lambda body: Delayed(reply(f"on {body['id_slot']}"), 0.15))
     config = with_section(on_http(loopd_config, server), "slots", main=(0, 1))
     rt = loopd_runtime(config=config)
-    seen = events_of(rt)
+    events = Probe.start(rt.directory)
+    rt.subscribe(events.tell)
     probe = Probe.start(rt.directory)
     for n in range(6):
         rt.send_turn(f"s{n}", "x", reply_to=probe.address)
@@ -284,10 +281,11 @@ def test_concurrent_requests_never_share_a_slot(loopd_runtime, loopd_config, cha
     assert {d.content for d in done} <= {"on 0", "on 1"}
     assert server.overlaps == []
     assert server.most_in_flight == 2  # both slots worked at once
-    answered = [e for e in seen if isinstance(e, ModelAnswered)]
+    answered = events.expect_all(ModelAnswered, 6, timeout=WAIT)
     assert {e.slot for e in answered} == {0, 1}
     assert max(e.slot_wait_s for e in answered) > 0.1  # some waited for a slot
     probe.stop()
+    events.stop()
 
 
 def test_a_session_asks_for_the_slot_that_caches_its_prompt(
