@@ -20,6 +20,7 @@ from messages.turns import SubagentCompleted, SubagentFailed
 __all__ = [
     "ApprovalDecision",
     "ApprovalRefused",
+    "ApprovalStored",
     "ApprovalTimedOut",
     "ApprovalsRun",
     "ApproveCall",
@@ -123,7 +124,9 @@ class StoreApproval(Message, frozen=True):
 
 
 class SettleApproval(Message, frozen=True):
-    """Record the decision of ``session``'s waiting call ``call_id`` (no answer)."""
+    """Record the decision of ``session``'s waiting call ``call_id``; with ``reply_to``, the
+    store answers :class:`ApprovalStored` once it is committed (the Context tells nobody of
+    the decision before that)."""
 
     session: SessionId
     call_id: CallId
@@ -132,6 +135,16 @@ class SettleApproval(Message, frozen=True):
     ran: bool = False
     """The runtime carries the decision out at once (a live turn's): the row is marked
     carried out in the same transaction (see ``ApprovalsRun``)."""
+    reply_to: str | None = None
+
+
+class ApprovalStored(Message, frozen=True):
+    """The store's answer to a :class:`SettleApproval`: the decision is committed, or
+    ``error`` says why it is not."""
+
+    session: SessionId
+    call_id: CallId
+    error: str = ""
 
 
 class DropApprovals(Message, frozen=True):

@@ -341,6 +341,7 @@ SAMPLES: dict[type[messages.Message], Callable[[], messages.Message]] = {
         "session:mm-thread",
     ),
     messages.SettleApproval: lambda: messages.SettleApproval("mm-thread", 3, False, "no"),
+    messages.ApprovalStored: lambda: messages.ApprovalStored("mm-thread", 3, "disk full"),
     messages.DropApprovals: lambda: messages.DropApprovals("mm-thread", (3, 4)),
     messages.ListApprovals: lambda: messages.ListApprovals(),
     messages.RecordSpent: lambda: messages.RecordSpent("mm-thread", (3, 4), 120),

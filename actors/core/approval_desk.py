@@ -21,6 +21,7 @@ effects as it does. The rules it keeps:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -31,6 +32,7 @@ from actors.core.approvals import (
     ApprovalBook,
     ArmApprovalTimer,
     CancelApprovalTimer,
+    Waiting,
     check_call_id,
     decision_text,
     past_deadline_detail,
@@ -57,6 +59,7 @@ from messages import (
     ApprovalRefused,
     ApprovalSettled,
     ApprovalsRun,
+    ApprovalStored,
     ApprovalTimedOut,
     ApproveCall,
     Cancel,
@@ -86,6 +89,7 @@ class ContextState(Protocol):
     imported, so the Context's state and its approval desk do not import each other)."""
 
     config: Config
+    address: str
     holds: HoldTable
     budgets: Budgets | None
     live: dict[str, Live]
@@ -97,6 +101,16 @@ class ContextState(Protocol):
     def give_back(self, session: str) -> Effects: ...
     def release(self, session: str) -> Effects: ...
     def limit_denial(self, parent: str, background: bool) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class _Settling:
+    """A decision on its way to the store: what is done with it once it is committed."""
+
+    waiting: Waiting
+    settled: ApprovalSettled
+    decision: ApprovalDecision
+    reply_to: str | None
 
 
 class ApprovalDesk:
@@ -114,6 +128,8 @@ class ApprovalDesk:
         self.children: dict[str, set[int]] = {}
         """Parents held since the start whose ``subagent`` calls wait for a child that waits
         for a person: the child's outcome resumes the parent."""
+        self.settling: dict[tuple[str, int], _Settling] = {}
+        """Decisions told to the store and not yet committed, by session and call id."""
 
     # Requests.
 
@@ -358,16 +374,52 @@ class ApprovalDesk:
         parking = waiting.live and session in self.parking and live
         # A live turn carries an approval out now: the row says so in the same transaction.
         ran = approved and waiting.live and live and not parking
-        effects: Effects = [CancelApprovalTimer(session, call_id)]
-        effects += [ToStore(SettleApproval(session, call_id, approved, reason, ran=ran))]
-        effects += [Emit(settled), *self._reply(reply_to, settled)]
+        # Nobody hears of the decision, the turn included, before it is committed (SPEC 18):
+        # a crash meanwhile leaves the call waiting, never decided-but-lost or run unrecorded.
+        self.settling[(session, call_id)] = _Settling(waiting, settled, decision, reply_to)
+        record = SettleApproval(
+            session, call_id, approved, reason, ran=ran, reply_to=self.state.address
+        )
+        return [CancelApprovalTimer(session, call_id), ToStore(record)]
+
+    def settled(self, msg: ApprovalStored) -> Effects:
+        """The store committed a decision (or could not): now it is published, its decider
+        answered and its turn told; a decision the store refused is answered
+        ``ApprovalRefused`` and the call waits again."""
+        pending = self.settling.pop((msg.session, msg.call_id), None)
+        if pending is None:
+            return []
+        session, call_id = msg.session, msg.call_id
+        if msg.error:
+            self.book.add(pending.waiting.entry, live=pending.waiting.live)
+            detail = f"the decision on call {call_id} of session {session} was not stored: "
+            refused = ApprovalRefused(session, call_id, detail + msg.error)
+            return [self._arm(pending.waiting.entry), *self._reply(pending.reply_to, refused)]
+        effects: Effects = [Emit(pending.settled), *self._reply(pending.reply_to, pending.settled)]
+        decision = pending.decision
+        parking = pending.waiting.live and session in self.parking and session in self.state.live
         if parking:
             self.parking[session].append(decision)  # carried out once it answers Parked
-        elif waiting.live:
+        elif pending.waiting.live:
             effects += self._deliver(session, decision)
         else:
             effects += self._resume(session, [decision])
         return effects + self._unpause()
+
+    def unsettled_at_stop(self, detail: str) -> Effects:
+        """The runtime stops while decisions are being stored: their calls count as waiting
+        (their turns park, and the next start reads whichever the store has), and their
+        deciders are answered: nobody is left waiting."""
+        effects: Effects = []
+        for (session, call_id), pending in sorted(self.settling.items()):
+            self.book.add(pending.waiting.entry, live=pending.waiting.live)
+            said = (
+                f"{detail} while the decision on call {call_id} of session {session} was being "
+                "stored; `loopd approvals` shows whether it still waits"
+            )
+            effects += self._reply(pending.reply_to, ApprovalRefused(session, call_id, said))
+        self.settling.clear()
+        return effects
 
     def _too_late(self, session: str, call_id: int, reply_to: str | None) -> Effects:
         """A decision past the call's deadline, before its timer's message: the deadline is

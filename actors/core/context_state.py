@@ -149,7 +149,8 @@ class ContextState(BackgroundSpawns):
     def shut_down(self, detail: str) -> Effects:
         """The Context stops: answer every held turn CANCELLED and tell every running one to
         stop working."""
-        effects: Effects = self._stop_waiting() + self.desk.record_spent()
+        effects: Effects = self._stop_waiting() + self.desk.unsettled_at_stop(detail)
+        effects += self.desk.record_spent()
         parks = self.desk.parks_at_stop()  # a family whose call waits parks, children too
         stored = self.desk.stored_at_stop()
         for hold in self.holds.drain():

@@ -38,6 +38,7 @@ from actors.stores.base import (
 from actors.stores.sqlite import SessionStore
 from messages.approvals import (
     ApprovalsRun,
+    ApprovalStored,
     DropApprovals,
     ListApprovals,
     RecordSpent,
@@ -99,7 +100,7 @@ _REQUESTS = (
     DropApprovals,
     RecordSpent,
 )
-_UNANSWERED = (SettleApproval, ApprovalsRun, DropApprovals, RecordSpent)
+_UNANSWERED = (ApprovalsRun, DropApprovals, RecordSpent)
 
 
 class _Inbox(SimpleInbox):
@@ -308,7 +309,7 @@ class StoreActor(pykka.ThreadingActor):
         lend = self.lend_thread if self.actor_inbox.empty() else contextlib.nullcontext
         with lend():
             for request, reply in zip(batch, answers, strict=True):
-                if isinstance(request, _UNANSWERED):
+                if reply is None:  # a request nobody waits for
                     continue
                 if not self.directory.tell(request.reply_to, reply):
                     log.debug("store reply to %s was not delivered", request.reply_to)
@@ -389,7 +390,10 @@ class StoreActor(pykka.ThreadingActor):
         )
 
     def _reply(self, msg: StoreRequest, result: Any) -> Any:
-        if isinstance(msg, _UNANSWERED):
+        if isinstance(msg, SettleApproval) and msg.reply_to is not None:
+            error = str(result) if isinstance(result, Exception) else ""
+            return ApprovalStored(msg.session, msg.call_id, error)
+        if isinstance(msg, (*_UNANSWERED, SettleApproval)):
             if isinstance(result, Exception):
                 log.warning("store: %s for %s failed: %s", type(msg).__name__, msg.session, result)
             return None

@@ -49,6 +49,7 @@ from actors.sessions.session import SessionActor, SessionEnv
 from actors.stores.base import StoreError
 from actors.stores.memory import MemorySource
 from messages import (
+    ApprovalStored,
     ApprovalTimedOut,
     ApproveCall,
     BackgroundLoaded,
@@ -212,6 +213,8 @@ class ContextActor(DispatchedActor):
             effects = state.desk.store(message)
         elif isinstance(message, StoredApproval):
             effects = state.desk.requested(message)
+        elif isinstance(message, ApprovalStored):
+            effects = state.desk.settled(message)
         elif isinstance(message, ApproveCall):
             effects = state.desk.approve(message)
         elif isinstance(message, DenyCall):
