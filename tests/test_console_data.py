@@ -115,7 +115,11 @@ def test_a_decision_is_in_approval_settled_and_stays_with_the_stored_result(
         assert (settled.note, settled.reason) == (None, "not on a Friday")
         decision = CallDecision(approved=False, reason="not on a Friday")
     with _store(home) as store:
-        tools = [m.message for m in store.history("ops") if m.message.role == "tool"]
+        # Each result is stored as it comes (the denied call's may come first): by call id.
+        tools = sorted(
+            (m.message for m in store.history("ops") if m.message.role == "tool"),
+            key=lambda t: t.tool_call_id or 0,
+        )
         assert [(t.tool_call_id, t.untrusted, t.decision) for t in tools] == [
             (1, True, None),  # fetch's result is untrusted; nobody was asked
             (2, False, decision),

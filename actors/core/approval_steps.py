@@ -110,6 +110,7 @@ class Turn(Protocol):
     _calls: list[ToolCall]
     _results: dict[int, ToolResult]
     _stored: set[int]
+    _result_writes: dict[int, list[Effect]]
     _turn_start: int
 
     @property

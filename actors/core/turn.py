@@ -118,10 +118,10 @@ def subagent_finished(session: str, result: SubagentResult, *, answered: bool) -
     says the call failed, with the child's reason, or ``CANCELLED`` for a child that
     completed too late, so a subscriber is never told an outcome the parent does not hold."""
     completed = isinstance(result, SubagentCompleted)
-    if answered:
-        reason = None if completed else result.reason
+    if isinstance(result, SubagentCompleted):
+        reason = None if answered else FailReason.CANCELLED
     else:
-        reason = FailReason.CANCELLED if completed else result.reason
+        reason = result.reason
     return SubagentFinished(
         session=session,
         call_id=result.call_id,
