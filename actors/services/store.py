@@ -309,7 +309,7 @@ class StoreActor(pykka.ThreadingActor):
         lend = self.lend_thread if self.actor_inbox.empty() else contextlib.nullcontext
         with lend():
             for request, reply in zip(batch, answers, strict=True):
-                if reply is None:  # a request nobody waits for
+                if reply is None or isinstance(request, _UNANSWERED):  # nobody waits for it
                     continue
                 if not self.directory.tell(request.reply_to, reply):
                     log.debug("store reply to %s was not delivered", request.reply_to)
