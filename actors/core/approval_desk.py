@@ -219,12 +219,22 @@ class ApprovalDesk:
             ids += tuple(d.call_id for d in self.parking[session])
             self.parking[session] = []
             self.cancelling[session] = (reason, detail)
+        # A decision still being stored for a turn no actor runs: it will carry out nothing
+        # (its row goes with the others), and its decider hears the call no longer waits.
+        refusals: Effects = []
+        for key, pending in sorted(self.settling.items()):
+            if key[0] != session or not (parking or resume is not None or not pending.waiting.live):
+                continue
+            del self.settling[key]
+            ids += (key[1],)
+            said = NOT_WAITING.format(call_id=key[1], session=session)
+            refusals += self._reply(pending.reply_to, ApprovalRefused(session, key[1], said))
         if not ids:
             return []
         for call_id in ids:
             self.book.take(session, call_id)
         timers: Effects = [CancelApprovalTimer(session, call_id) for call_id in ids]
-        return [*timers, ToStore(DropApprovals(session, ids))]
+        return [*timers, ToStore(DropApprovals(session, ids)), *refusals]
 
     def stored_only(self, hold: Hold) -> bool:
         """Whether ``hold``'s turn is parked: its calls wait in the store, no actor runs it

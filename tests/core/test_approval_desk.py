@@ -20,6 +20,7 @@ from messages import (
     ApproveCall,
     Cancel,
     DenyCall,
+    DropApprovals,
     SettleApproval,
     StoredApproval,
 )
@@ -82,3 +83,18 @@ def test_a_stop_while_a_decision_is_stored_answers_its_decider(tmp_path) -> None
     # Its call counts as waiting: the turn parks, and the next start reads what the store has.
     (cancel,) = [e.message for e in of(TellSession, stopped) if isinstance(e.message, Cancel)]
     assert cancel.park
+
+
+def test_a_cancel_before_a_restored_calls_decision_is_stored_drops_it(tmp_path) -> None:
+    shell = Shell(tmp_path)
+    request = ApprovalRequested(session="s", call_id=1, tool="deploy", arguments="{}")
+    shell.run(shell.state.desk.restore([StoredApproval(request, NOW + timedelta(days=7))]))
+    asked = shell.run(shell.state.desk.approve(ApproveCall("s", 1, reply_to="ana")))
+    assert of(ToStore, asked) and not of(Reply, asked)
+    cancelled = shell.run(shell.state.desk.cancelled("s"))
+    (drop,) = [e.message for e in of(ToStore, cancelled)]
+    assert drop == DropApprovals("s", (1,))  # its row goes: nothing runs for a cancelled turn
+    (refused,) = [e.message for e in of(Reply, cancelled)]
+    assert refused == ApprovalRefused("s", 1, "call 1 of session s is not waiting for a decision")
+    # The store's late answer changes nothing: no event, no resume.
+    assert shell.run(shell.state.desk.settled(ApprovalStored("s", 1))) == []
