@@ -1,4 +1,4 @@
-"""The kill loop is a lane of its own (`tox -e crash`, which sets LOOPD_KILLLOOP=1): it kills and
+"""The kill loop runs only when asked (LOOPD_KILLLOOP=1; docs/reliability.md): it kills and
 restarts a loopd process hundreds of times, so the default suite never collects it."""
 
 from __future__ import annotations
