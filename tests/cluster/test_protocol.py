@@ -32,6 +32,7 @@ from messages import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_background import (
+    events,
     test_a_report_reaches_the_running_parent_turn_before_its_next_request,
     test_max_background_denies_one_more,
 )
@@ -55,6 +56,7 @@ def unmeasured(n: int) -> Usage:
 
 
 __all__ = [
+    "events",
     "test_a_child_whose_model_fails_answers_failed",
     "test_a_report_reaches_the_running_parent_turn_before_its_next_request",
     "test_a_second_spawn_takes_the_next_call_id",

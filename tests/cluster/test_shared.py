@@ -104,7 +104,7 @@ def test_loopd_sessions_reads_the_postgresql_store(
     capsys.readouterr()
     assert main(["sessions", "--config", str(toml)]) == 0
     listing = capsys.readouterr().out
-    assert listing.splitlines()[1].split()[:5] == ["s", "0", "1", "no", "2"]
+    assert listing.splitlines()[1].split()[:7] == ["s", "default", "completed", "0", "1", "no", "2"]
     assert main(["sessions", "show", "s", "--config", str(toml)]) == 0
     assert "stored in postgres" in capsys.readouterr().out
     assert not (tmp_path / "elsewhere" / "loopd.db").exists()
