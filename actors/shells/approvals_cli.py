@@ -175,7 +175,7 @@ def _wait_local(args: argparse.Namespace, config: Config) -> int:
 
 def wait_timed_out(timeout: float) -> int:
     """``--wait --timeout`` ran out: say so on stderr; the exit status (124)."""
-    from actors.shells.cli import EXIT_TIMEOUT
+    from actors.shells.flags import EXIT_TIMEOUT
 
     print(f"loopd: no call waited for a decision within {timeout:g} s (--timeout)", file=sys.stderr)
     return EXIT_TIMEOUT

@@ -24,11 +24,9 @@ if TYPE_CHECKING:
 # of the runtime, and ``loopd sessions`` / ``approvals`` only the config, the store and the
 # views (bench/bench_cli.py measures it; tests/shells/test_cli_startup.py keeps it so).
 
-__all__ = ["EXIT_TIMEOUT", "TOOLS_HINT", "build_parser", "main"]
+from actors.shells.flags import EXIT_TIMEOUT, read_output_schema
 
-EXIT_TIMEOUT = 124
-"""``loopd run --timeout`` gave up waiting (as timeout(1) does); distinct from bad input's 2.
-``loopd approvals --wait --timeout`` exits with it too when no call came to wait."""
+__all__ = ["EXIT_TIMEOUT", "TOOLS_HINT", "build_parser", "main"]
 
 TOOLS_HINT = (
     "port tools are loaded with --tools MODULE:NAME (a PortTool or a list of them; see "
@@ -149,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Before Runtime.start creates anything under home.
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
-    schema = _output_schema(args.output_schema)
+    schema = read_output_schema(args.output_schema)
     tools = load_tools(args.tools)
     _exit_on_sigterm()
     with Runtime.start(config, tools=tools) as rt:
@@ -175,24 +173,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     detail = escape_controls(redact(outcome.detail, config.model.secrets()))
     print(f"loopd: the turn failed: {outcome.reason}: {detail}", file=sys.stderr)
     return 1
-
-
-def _output_schema(path: Path | None) -> dict[str, Any] | None:
-    """``run --output-schema FILE``: the JSON schema in FILE, checked before anything starts
-    (``ValueError`` naming the file)."""
-    if path is None:
-        return None
-    import msgspec
-
-    from actors.core.output import SchemaError, final_answer_spec
-
-    try:
-        schema = msgspec.json.decode(path.read_bytes())
-        final_answer_spec(schema)
-    except (msgspec.DecodeError, SchemaError) as exc:
-        raise ValueError(f"--output-schema {path}: {exc}") from None
-    assert isinstance(schema, dict)
-    return schema
 
 
 def _timed_out(rt: Runtime | ServiceClient, args: argparse.Namespace) -> int:

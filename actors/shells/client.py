@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from actors.shells.flags import DEFAULT_TOKEN_ENV, add_client_flags
+from actors.shells.flags import DEFAULT_TOKEN_ENV, add_client_flags, read_output_schema
 from actors.stores.base import SessionNotFound, StoredMessage
 from messages import (
     ApprovalRefused,
@@ -394,9 +394,7 @@ def remote_run(client: ServiceClient, args: argparse.Namespace, config: Config) 
             )
     check_top_level_session(args.session)
     check_text(args.text, "the turn text")
-    from actors.shells.cli import _output_schema
-
-    schema = _output_schema(getattr(args, "output_schema", None))
+    schema = read_output_schema(getattr(args, "output_schema", None))
     if args.json:
 
         def show(event: TurnEvent) -> None:
