@@ -150,6 +150,7 @@ class AsyncRuntime:
         clock: Callable[[], datetime] = _utc_now,
         tracer: Tracer | None = None,
         mcp: Mapping[str, McpServerConfig] | None = None,
+        subscribe: Iterable[Callable[[TurnEvent], Any]] = (),
     ) -> AsyncStart:
         """Start a runtime with the arguments of :meth:`Runtime.start`.
 
@@ -167,6 +168,7 @@ class AsyncRuntime:
                 clock=clock,
                 tracer=tracer,
                 mcp=mcp,
+                subscribe=subscribe,
             )
         )
 

@@ -112,6 +112,8 @@ class CreateChild(Message, frozen=True):
     more: tuple[ChatMessage, ...] = ()
     """Messages stored after ``first``, in the same transaction."""
     next_call_id: int = 1
+    running: bool = True
+    """The child's turn runs on after this write (False: the write also ends it)."""
 
 
 class SessionLoaded(Message, frozen=True):
@@ -157,6 +159,9 @@ class AppendMessages(Message, frozen=True):
     reports: tuple[SessionId, ...] = ()
     """Background children whose reports ``messages`` deliver: their stored rows are deleted
     in the same transaction, so a report is in the transcript or still stored, never both."""
+    running: bool | None = None
+    """True: a turn of ``session`` runs from this write on (its first write); False: the turn
+    ended with it; None: unchanged. A session stored running at a start was cut off."""
 
 
 class CompactHistory(Message, frozen=True):

@@ -14,10 +14,10 @@ from messages import (
     Inspect,
     ModelRequest,
     SubagentFinished,
+    SubagentStarted,
     TurnCompleted,
     TurnEnded,
     TurnFailed,
-    TurnStarted,
 )
 
 WAIT = 10.0
@@ -49,7 +49,8 @@ def test_cancel_ends_a_turn_and_every_child_below_it(loopd_runtime, loopd_config
     answer = Probe.start(rt.directory)
     try:
         rt.send_turn("top", "go", reply_to=answer.address)
-        events.expect(lambda e: isinstance(e, TurnStarted) and e.session == "sub-sub-top-1-1")
+        # A child is told started once its first write is stored; it asks the model before.
+        events.expect(lambda e: isinstance(e, SubagentStarted) and e.child == "sub-sub-top-1-1")
         rt.model.wait_for_requests(3)
         cancelled = rt.cancel("top")
         assert set(cancelled) == {"top", "sub-top-1", "sub-sub-top-1-1"}
@@ -142,7 +143,7 @@ def test_the_runtime_wide_child_limit_is_a_denial(loopd_runtime) -> None:
     first = Probe.start(rt.directory)
     try:
         rt.send_turn("one", "go", reply_to=first.address)
-        events.expect_all(lambda e: isinstance(e, TurnStarted) and e.session.startswith("sub-"), 2)
+        events.expect_all(lambda e: isinstance(e, SubagentStarted), 2)
         second = rt.run_turn("two", "go", timeout=WAIT)
     finally:
         release.set()

@@ -281,7 +281,8 @@ def test_a_child_stopped_mid_turn_fails_and_its_late_answer_is_dropped(loopd_run
     probe = Probe.start(rt.directory)
     try:
         rt.send_turn("p", "go", reply_to=probe.address)
-        events.expect(lambda e: isinstance(e, TurnStarted) and e.session == "sub-p-1")
+        # The child asks at once; it is told started only once its first write is stored.
+        events.expect(lambda e: isinstance(e, SubagentStarted) and e.child == "sub-p-1")
         rt.model.wait_for_requests(2)
         rt.directory.get("session:sub-p-1").stop()
         assert probe.expect(TurnCompleted).content == "sub-p-1 failed"

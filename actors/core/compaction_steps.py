@@ -17,11 +17,12 @@ from actors.core.limits import Limits
 from actors.core.session_state import SessionState, estimate_tokens, fitting_tail
 from actors.core.text import cap_chars, neutralise
 from actors.core.turn_effects import Compact, Effect, Emit, RequestModel, TurnPhase
-from messages import ChatMessage, Compacted, CompactionFailed
+from messages import ChatMessage, Compacted, CompactionFailed, FailReason, TurnFailed, TurnOutcome
 
 __all__ = [
     "COMPACT_INSTRUCTION",
     "SUMMARY_PREFIX",
+    "after_outcome",
     "compact_in_turn",
     "compacted",
     "failed",
@@ -51,6 +52,7 @@ class Turn(Protocol):
     _if_not_compacted: Callable[[str], list[Effect]] | None
 
     def _context(self) -> int | None: ...
+    def _over_context(self) -> bool: ...
     def _request(self, messages: tuple[ChatMessage, ...]) -> RequestModel: ...
     def _next_id(self) -> int: ...
     def _save(
@@ -59,6 +61,22 @@ class Turn(Protocol):
         then: Callable[[], list[Effect]],
         reports: tuple[str, ...] = (),
     ) -> list[Effect]: ...
+
+
+def after_outcome(
+    turn: Turn, outcome: TurnOutcome, finish: Callable[[], list[Effect]]
+) -> list[Effect]:
+    """The turn's outcome is told: a transcript past ``compact.threshold_chars`` (or too much
+    of a known context) is summarised before ``finish``; never after a store failure, since
+    the transcript in memory then holds messages the store refused."""
+    refused = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
+    over = turn.state.transcript_chars() > turn.limits.threshold_chars or turn._over_context()
+    if refused or not over:
+        return finish()
+    turn._keep = ()
+    turn._after_compact = finish
+    turn._if_not_compacted = lambda _detail: finish()
+    return summarise(turn, turn.state.transcript)
 
 
 def compact_in_turn(

@@ -33,7 +33,7 @@ from datetime import datetime
 
 import msgspec
 
-from actors.core import approval_steps, compaction_steps, output_steps
+from actors.core import approval_steps, compaction_steps, ending_steps, output_steps
 from actors.core.approval_steps import ApprovalWait
 from actors.core.approvals import ApprovalPolicy
 from actors.core.compaction_steps import COMPACT_INSTRUCTION, SUMMARY_PREFIX
@@ -94,7 +94,6 @@ from messages import (
     ToolCallStarted,
     ToolResult,
     TurnCompleted,
-    TurnEnded,
     TurnFailed,
     TurnOutcome,
     TurnStarted,
@@ -162,6 +161,10 @@ class Turn:
     _result_writes: dict[int, list[Effect]] = field(default_factory=dict)
     _stored: set[int] = field(default_factory=set)  # calls whose result is stored or storing
     _summary: ChatMessage | None = None
+    _sent_first: bool = False  # its first write is sent: it marks the turn running
+    _marked: bool = False  # the store holds the turn as running (a write of it is durable)
+    _end_stored: bool = False  # the turn's last write stored its end (ending_steps)
+    _end_told: Emit | None = None  # its TurnEnded, told once its end write is durable
     _finished: bool = False
     _turn_start: int = 0  # index of this turn's user message in the transcript
     _asked_len: int = 0  # transcript messages the request in flight carries
@@ -197,19 +200,28 @@ class Turn:
         *,
         stored: bool = False,
         reports: tuple[BackgroundReport, ...] = (),
+        marked: bool = False,
     ) -> list[Effect]:
         """Begin the turn with the user's ``text``.
 
         ``stored``: the session was created with ``text`` as its last message and this turn
-        counted (a new child), so the turn asks the model at once. ``reports``: background
-        reports this turn delivers, ``text`` being the first one's (the others follow it).
+        counted (a new child), so the turn asks the model at once; ``marked``: that creation
+        also stored it running (a top-level session's). ``reports``: background reports this
+        turn delivers, ``text`` being the first one's (the others follow it).
         """
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
-        event = Emit(TurnStarted(session=self.state.id, slot=self.event_slot, agent=self.agent))
-        if stored:
+        # Traced now; told once the turn is stored as running (its first write), never before.
+        started = TurnStarted(session=self.state.id, slot=self.event_slot, agent=self.agent)
+        self._told.append(Emit(started, trace=False))
+        traced = Emit(started, tell=False)
+        if stored:  # a new child asks at once; its first write (its record) tells it started
             self._turn_start = len(self.state.transcript) - 1
-            return [event, *self._ask()]
+            if marked:  # a new top-level session, stored running with its first message
+                self._marked = self._sent_first = True
+                self._told = []
+                return [Emit(started), *self._ask()]
+            return [traced, *self._ask()]
         self.state.turns += 1
         # A turn cut off by a crash left calls without results: answer them first.
         repairs = repair_results(self.state, self.registry, self.clock())
@@ -217,7 +229,7 @@ class Turn:
         self._turn_start = len(self.state.transcript) + len(repairs)
         more = tuple(report_message(r) for r in reports[1:])
         children = self._take_reports(reports)
-        return [event, *self._save((*repairs, user, *more), self._ask, children)]
+        return [traced, *self._save((*repairs, user, *more), self._ask, children, running=True)]
 
     def report(self, report: BackgroundReport) -> list[Effect]:
         """A background child's outcome for this running turn: it goes into the transcript
@@ -238,6 +250,7 @@ class Turn:
         """Continue the turn the stored transcript cut off (``actors.core.approval_steps``)."""
         if self.phase is not _Phase.IDLE:
             raise RuntimeError("a turn can only start once")
+        self._marked = self._sent_first = True  # stored as running before the crash or stop
         return approval_steps.resume(self, order)
 
     def approval_decided(self, decision: ApprovalDecision) -> list[Effect]:
@@ -259,6 +272,7 @@ class Turn:
 
     def persisted(self, request_id: int) -> list[Effect]:
         """The store made ``request_id`` durable."""
+        self._marked = True  # its first write, which marks it running, came first
         told = self._result_writes.pop(request_id, None)
         if told is not None:  # a result is durable: tell it, and go on once all are
             return [*told, *self._maybe_continue()] if self.phase is _Phase.CALLING else told
@@ -292,6 +306,10 @@ class Turn:
         self._waiting_for = None
         if self.phase is _Phase.COMPACTING:
             return compaction_steps.failed(self, f"the store could not compact: {detail}")
+        if self.outcome is not None and self._after_save is not None:
+            # Its end write failed: it ends all the same (the next start may end it again).
+            after, self._after_save = self._after_save, None
+            return after()
         return self.finish_turn(TurnFailed(self.state.id, reason, detail))
 
     def model_answer(self, answer: ModelAnswer) -> list[Effect]:
@@ -341,7 +359,7 @@ class Turn:
             final = ChatMessage(role="assistant", content=content, usage=_stored(answer.usage))
             if self.output is not None:
                 return effects + output_steps.answered_in_text(self, self.output, final)
-            return effects + self._save((final,), lambda: self.finish_turn(done))
+            return effects + ending_steps.save_last(self, (final,), done)
         calls = []
         for proposed in answer.tool_calls:
             calls.append(self._number(proposed))
@@ -440,8 +458,9 @@ class Turn:
             return []
         effects: list[Effect] = self._stop_work()
         self._waiting_for = None
-        if self.outcome is not None:
-            return [*effects, *self._finish()]
+        if self.outcome is not None:  # told at once if its end write is still in flight
+            told, self._end_told = ([self._end_told] if self._end_told else []), None
+            return [*effects, *told, *self._finish()]
         now = self.clock()
         if self.phase is _Phase.COMPACTING and self._summary is not None and self._keep:
             # The store compacts whatever happens now: hold what it will hold, this turn's
@@ -472,7 +491,7 @@ class Turn:
         if kept:
             self.outcome = outcome
             return [*effects, *self._finish()]
-        return [*effects, *self._turn_ended(outcome), *self._finish()]
+        return [*ending_steps.end_at_once(self, outcome, effects), *self._finish()]
 
     def _stop_work(self) -> list[Effect]:
         """What stops the work in flight: the model request, the port calls without a result."""
@@ -506,12 +525,18 @@ class Turn:
         messages: tuple[ChatMessage, ...],
         then: Callable[[], list[Effect]],
         reports: tuple[str, ...] = (),
+        running: bool | None = None,
     ) -> list[Effect]:
         self.state.extend(messages)
         self.phase = _Phase.SAVING
         told, self._told = self._told, []
         self._after_save = (lambda: [*told, *then()]) if told else then
-        return [Persist(self._next_id(), messages, reports)]
+        return [Persist(self._next_id(), messages, reports, self._running(running))]
+
+    def _running(self, running: bool | None) -> bool | None:
+        """What a write says of the turn: its first marks it running (ending_steps)."""
+        first, self._sent_first = not self._sent_first, True
+        return True if first and running is None else running
 
     def _store_results(self, call_ids: Sequence[int], told: list[Effect]) -> list[Effect]:
         """Store the results of ``call_ids`` now, each as it comes (the model still reads an
@@ -522,7 +547,7 @@ class Turn:
         self._stored.update(call_ids)
         request_id = next(self.ids)
         self._result_writes[request_id] = told
-        return [Persist(request_id, messages)]
+        return [Persist(request_id, messages, running=self._running(None))]
 
     def _number(self, proposed: ProposedCall) -> ToolCall:
         """The next call id for ``proposed``; arguments a server could not parse are kept aside."""
@@ -652,22 +677,14 @@ class Turn:
             FailReason.TURN_LIMIT,
             f"the model still called tools after {self.step} requests ({detail})",
         )
-        return self._save((assistant, *refusals), lambda: self.finish_turn(failed))
+        return ending_steps.save_last(self, (assistant, *refusals), failed)
 
     def finish_turn(self, outcome: TurnOutcome) -> list[Effect]:
         """Every turn ends here, children's included (SPEC 7): the turn's outcome is decided,
         and a transcript past ``compact.threshold_chars`` is summarised before ``Finish``."""
-        effects = self._turn_ended(outcome)
-        # After a store failure the transcript in memory holds messages the store refused:
-        # nothing of them may go to the model, a summary request included.
-        refused = isinstance(outcome, TurnFailed) and outcome.reason is FailReason.STORE_ERROR
-        over = self.state.transcript_chars() > self.limits.threshold_chars or self._over_context()
-        if not refused and over:
-            self._keep = ()
-            self._after_compact = self._finish
-            self._if_not_compacted = lambda _detail: self._finish()
-            return [*effects, *compaction_steps.summarise(self, self.state.transcript)]
-        return [*effects, *self._finish()]
+        return ending_steps.end(
+            self, outcome, lambda: compaction_steps.after_outcome(self, outcome, self._finish)
+        )
 
     def _finish(self) -> list[Effect]:
         assert self.outcome is not None
@@ -677,15 +694,3 @@ class Turn:
         if self.usage != Usage():  # zero stays the default, which a repr leaves out
             self.outcome = msgspec.structs.replace(self.outcome, usage=self.usage)
         return [Finish(self.outcome)]
-
-    def _turn_ended(self, outcome: TurnOutcome) -> list[Effect]:
-        self.outcome = outcome
-        self.phase = _Phase.DONE
-        if isinstance(outcome, TurnCompleted):
-            output = None if outcome.output is None else msgspec.to_builtins(outcome.output)
-            event = TurnEnded(session=self.state.id, completed=True, output=output)
-        else:
-            event = TurnEnded(
-                session=self.state.id, completed=False, reason=outcome.reason, detail=outcome.detail
-            )
-        return [Emit(event)]

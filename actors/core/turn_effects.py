@@ -53,6 +53,8 @@ class Persist:
     messages: tuple[ChatMessage, ...]
     reports: tuple[str, ...] = ()
     """Background children whose reports ``messages`` deliver (their rows go with them)."""
+    running: bool | None = None
+    """True: the turn's first write (it is stored as running); False: its last (it ended)."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +122,13 @@ class WriteMemory:
 
 @dataclass(frozen=True)
 class Emit:
-    """Publish ``event`` to subscribers."""
+    """Publish ``event`` to subscribers (``tell``) and hand it to the tracer (``trace``)."""
 
     event: TurnEvent
+    tell: bool = True
+    trace: bool = True
+    """False where the tracer has it already: a ``TurnStarted`` is traced when the turn
+    starts and told once it is stored as running (its spans open before its requests')."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ process serving many turns at once (``loopd serve`` calls it; the facade never d
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -44,6 +45,7 @@ from actors.runtime.checks import (
     output_kind,
     turn_timed_out,
 )
+from actors.runtime.interrupted import end_interrupted, tell_start_subscribers
 from actors.runtime.parts import (
     ENGINES,
     LIBRARY_LOGGERS,
@@ -53,6 +55,7 @@ from actors.runtime.parts import (
     default_tracer,
     resolve_config,
 )
+from actors.runtime.stopping import await_stops, in_start_order
 from actors.services.events import EventBus, EventSink, Subscribers
 from actors.services.model_service import ModelService
 from actors.services.pool import PortRouter
@@ -134,29 +137,6 @@ class _Waiter:
             raise TimeoutError from None
 
 
-def _in_start_order(refs: Iterable[pykka.ActorRef[Any]]) -> list[pykka.ActorRef[Any]]:
-    """``refs`` in the order pykka's registry lists them (the order they started in).
-
-    An actor that stops leaves the registry, a list: stopping the oldest first finds each one
-    near its front, so stopping n actors costs O(n) rather than O(n**2).
-    """
-    order = {ref.actor_urn: i for i, ref in enumerate(pykka.ActorRegistry.get_all())}
-    return sorted(refs, key=lambda ref: order.get(ref.actor_urn, -1))
-
-
-def _await_stops(what: str, futures: list[pykka.Future[bool]], timeout: float) -> bool:
-    """Wait for stop ``futures`` together until ``timeout``; False (and a warning naming
-    ``what``) if some have not stopped by then."""
-    deadline = time.monotonic() + timeout
-    for future in futures:
-        try:
-            future.get(timeout=max(0.0, deadline - time.monotonic()))
-        except pykka.Timeout:
-            log.warning("loopd: %s did not stop within the stop's deadline", what)
-            return False
-    return True
-
-
 class Runtime:
     """A started loopd: the Context, the store, the model service, the port and the event bus.
 
@@ -206,6 +186,7 @@ class Runtime:
         clock: Callable[[], datetime] = _utc_now,
         tracer: Tracer | None = None,
         mcp: Mapping[str, McpServerConfig] | None = None,
+        subscribe: Iterable[Callable[[TurnEvent], Any]] = (),
     ) -> Runtime:
         """Start every actor of a runtime on ``config``.
 
@@ -217,6 +198,9 @@ class Runtime:
         installed (``loopd[otel]``), else none (:class:`actors.tracing.base.NoTracer`).
         ``mcp`` adds MCP servers by name to the config's ``[mcp.NAME]`` (``loopd[mcp]``); the
         start waits for their tool lists at most their ``timeout_s``, all at once.
+        ``subscribe`` functions get every event from the start on, first the
+        ``TurnEnded(reason=CRASHED)`` of each turn a crash cut off (ended here, before this
+        returns; ``actors.runtime.interrupted``).
 
         Raises :class:`~actors.stores.lock.HomeInUse` if another runtime holds ``config.home``.
 
@@ -252,7 +236,9 @@ class Runtime:
         # One runtime per home: two would reuse call ids and miscount turns (issue 8).
         home_lock = HomeLock.acquire(config.home_path)
         try:
-            runtime = cls._start(config, registry, agents, model, tools, memory, clock, tracer)
+            runtime = cls._start(
+                config, registry, agents, model, tools, memory, clock, tracer, tuple(subscribe)
+            )
         except BaseException:
             home_lock.release()
             raise
@@ -270,9 +256,13 @@ class Runtime:
         memory: MemorySource | None,
         clock: Callable[[], datetime],
         tracer: Tracer | None,
+        subscribe: tuple[Callable[[TurnEvent], Any], ...] = (),
     ) -> Runtime:
-        # Open the store once here so a bad file fails the start, not every later turn.
-        open_store(config).close()
+        # Open the store once here so a bad file fails the start, not every later turn; end
+        # the turns a crash cut off before anything else runs.
+        with contextlib.closing(open_store(config)) as store:
+            crashed = end_interrupted(store, agents, clock)
+        tell_start_subscribers(subscribe, crashed)
         # Every child of one answer must be able to wait for the model at once.
         concurrency = max(config.model.concurrency, config.loop.max_children)
         model_config = msgspec.structs.replace(config.model, concurrency=concurrency)
@@ -293,6 +283,8 @@ class Runtime:
             )
         directory = Directory()
         subscribers = Subscribers()
+        for fn in subscribe:
+            subscribers.add(fn, False)
         limits = Limits(
             max_steps=config.loop.max_steps,
             tool_result_cap=config.loop.tool_result_cap,
@@ -646,9 +638,9 @@ class Runtime:
             return max(0.0, deadline - time.monotonic())
 
         if SCHEDULER in self._refs:  # no new scheduled turn while the rest stops
-            _await_stops("the scheduler", [self._refs[SCHEDULER].stop(block=False)], left())
-        _await_stops("the Context", [self._refs[CONTEXT].stop(block=False)], left())
-        sessions = _in_start_order(
+            await_stops("the scheduler", [self._refs[SCHEDULER].stop(block=False)], left())
+        await_stops("the Context", [self._refs[CONTEXT].stop(block=False)], left())
+        sessions = in_start_order(
             ref
             for address in self.directory.addresses()
             if address.startswith("session:")
@@ -664,7 +656,7 @@ class Runtime:
         if self._owns_model:
             self.model.close()
         rest = [self._refs[address].stop(block=False) for address in (PORT, STORE, EVENTS)]
-        stored = _await_stops("the port, the store and the event bus", rest, left())
+        stored = await_stops("the port, the store and the event bus", rest, left())
         if not self.dispatcher.shutdown(left()):
             log.warning("loopd: the dispatcher's threads did not end within %s s", timeout)
         if self._log_filter is not None:

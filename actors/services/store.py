@@ -336,6 +336,7 @@ class StoreActor(pykka.ThreadingActor):
                 next_call_id=msg.next_call_id,
                 untrusted=msg.untrusted,
                 reports=msg.reports,
+                running=msg.running,
             )
         if isinstance(msg, SaveBackground):
             return lambda cur: store.save_background_in(cur, msg.row)
@@ -376,6 +377,7 @@ class StoreActor(pykka.ThreadingActor):
                 agent=msg.agent,
                 more=msg.more,
                 next_call_id=msg.next_call_id,
+                running=msg.running,
             )
         baseline = msg.baseline
         if baseline is None:

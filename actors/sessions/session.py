@@ -261,9 +261,15 @@ class SessionActor(DispatchedActor):
         if message.resume is not None:
             self._carry_out(self.turn.resume(message.resume))
             return
+        # A new child's record is its first write; a top-level one is stored running already.
+        marked = message.stored and message.create is None
         self._carry_out(
             self.turn.start(
-                message.text, message.speaker, stored=message.stored, reports=message.reports
+                message.text,
+                message.speaker,
+                stored=message.stored,
+                reports=message.reports,
+                marked=marked,
             )
         )
 
@@ -310,10 +316,13 @@ class SessionActor(DispatchedActor):
         s = self.state
         for effect in effects:
             if isinstance(effect, Emit):
-                self.env.tracer.on_event(effect.event, self.trace)
-                tell(EVENTS, effect.event)
+                if effect.trace:
+                    self.env.tracer.on_event(effect.event, self.trace)
+                if effect.tell:
+                    tell(EVENTS, effect.event)
             elif isinstance(effect, Persist) and self.create is not None:
-                tell(STORE, self._first_write(effect.request_id, effect.messages))
+                running = effect.running is not False
+                tell(STORE, self._first_write(effect.request_id, effect.messages, running))
             elif isinstance(effect, Persist):
                 tell(
                     STORE,
@@ -326,6 +335,7 @@ class SessionActor(DispatchedActor):
                         s.untrusted,
                         self.address,
                         effect.reports,
+                        effect.running,
                     ),
                 )
             elif isinstance(effect, RequestModel):
@@ -407,7 +417,9 @@ class SessionActor(DispatchedActor):
                     self._stop()
                     return
 
-    def _first_write(self, request_id: int, messages: tuple[ChatMessage, ...]) -> CreateChild:
+    def _first_write(
+        self, request_id: int, messages: tuple[ChatMessage, ...], running: bool = False
+    ) -> CreateChild:
         """This new child's CreateChild, with ``messages`` to store after its first one."""
         create, self.create = self.create, None
         assert create is not None
@@ -420,4 +432,5 @@ class SessionActor(DispatchedActor):
             request_id=request_id,
             more=messages,
             next_call_id=s.next_call_id,
+            running=running,
         )

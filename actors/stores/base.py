@@ -62,9 +62,10 @@ class StoreBackend(Protocol):
         agent: str = "default",
         more: Sequence[ChatMessage] = (),
         next_call_id: int = 1,
+        running: bool = True,
     ) -> tuple[SessionRecord, bool]:
         """Create (or reopen) child ``id`` of ``parent``, with ``first`` and then ``more`` as
-        its messages; True if it is new."""
+        its messages, its turn stored as ``running``; True if it is new."""
         ...
 
     def open_in(self, cur: Any, id: str) -> SessionRecord:
@@ -95,9 +96,10 @@ class StoreBackend(Protocol):
         next_call_id: int,
         untrusted: bool,
         reports: Sequence[str] = (),
+        running: bool | None = None,
     ) -> None:
         """Append messages and save the counters of ``id``; drop the background rows of
-        ``reports`` (delivered by these messages)."""
+        ``reports`` (delivered by these messages); mark its turn running or ended."""
         ...
 
     def save_background_in(self, cur: Any, row: BackgroundRow) -> None:
@@ -160,6 +162,10 @@ class StoreBackend(Protocol):
 
     def approvals(self) -> list[StoredApproval]:
         """Every stored approval, oldest first."""
+        ...
+
+    def interrupted(self) -> list[SessionRecord]:
+        """Every session stored with a turn running that this process may take over."""
         ...
 
     def settle_approval(self, session: str, call_id: int, approved: bool, reason: str = "") -> bool:

@@ -33,7 +33,8 @@ _TABLES = (
     untrusted    {flag} NOT NULL DEFAULT {false}{untrusted_check},
     created_at   TEXT NOT NULL,
     updated_at   TEXT NOT NULL,
-    agent        TEXT NOT NULL DEFAULT 'default'
+    agent        TEXT NOT NULL DEFAULT 'default',
+    running      {flag} NOT NULL DEFAULT {false}{running_check}
 )""",
     """CREATE TABLE {exists}{t}messages (
     session   TEXT NOT NULL REFERENCES {t}sessions(id),
@@ -121,6 +122,7 @@ class Dialect:
                 untrusted_check=" CHECK (untrusted IN (0, 1))" if flag_check else "",
                 compacted_check=" CHECK (compacted IN (0, 1))" if flag_check else "",
                 decided_check=" CHECK (decided IN (0, 1))" if flag_check else "",
+                running_check=" CHECK (running IN (0, 1))" if flag_check else "",
             )
             for table in _TABLES
         )
@@ -163,6 +165,10 @@ class _Statements:
             "UPDATE {t}messages SET compacted = TRUE WHERE session = ? AND NOT compacted"
         )
         self.touch = q("UPDATE {t}sessions SET updated_at = ? WHERE id = ?")
+        # A turn of the session runs (SQLite schema 5, PostgreSQL's 4): set by the turn's
+        # first write, cleared by its last; what is still set at a start was cut off.
+        self.running = q("UPDATE {t}sessions SET running = ? WHERE id = ?")
+        self.interrupted = q("SELECT id FROM {t}sessions WHERE running ORDER BY id")
         self.list = q(
             "SELECT s.id, s.slot, s.turns, s.untrusted,"
             " (SELECT COUNT(*) FROM {t}messages m WHERE m.session = s.id),"

@@ -58,10 +58,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PG_SCHEMA_VERSION = 3
+PG_SCHEMA_VERSION = 4
 """The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
 sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
-``loopd_approvals``."""
+``loopd_approvals``. Version 3 had no ``running`` flag on sessions."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -106,6 +106,8 @@ _SCHEMA = (
     # Version 3: background children and their reports, and the calls that wait for a person.
     PG.background_table,
     _APPROVALS,
+    # Version 4: which sessions run a turn (what a crash cut off, at the next start).
+    "ALTER TABLE loopd_sessions ADD COLUMN IF NOT EXISTS running BOOLEAN NOT NULL DEFAULT FALSE",
     """CREATE TABLE IF NOT EXISTS loopd_memory (
         seq  BIGSERIAL PRIMARY KEY,
         text TEXT NOT NULL,

@@ -45,6 +45,7 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.dialect import Dialect
+from actors.stores.turn_rows import TurnRows
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
@@ -86,7 +87,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore(BackgroundRows, ApprovalRows):
+class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;
@@ -274,6 +275,7 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         agent: str = "default",
         more: Sequence[ChatMessage] = (),
         next_call_id: int = 1,
+        running: bool = True,
     ) -> tuple[SessionRecord, bool]:
         """Store child ``id`` of ``parent`` with ``first`` as its first message; True if new.
 
@@ -291,6 +293,7 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
                 agent=agent,
                 more=more,
                 next_call_id=next_call_id,
+                running=running,
             )
 
     def create_child_in(
@@ -306,6 +309,7 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         agent: str = "default",
         more: Sequence[ChatMessage] = (),
         next_call_id: int = 1,
+        running: bool = True,
     ) -> tuple[SessionRecord, bool]:
         """Create child ``id`` of ``parent`` inside the caller's transaction; True if new.
 
@@ -340,6 +344,8 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         )
         transcript = (first, *more)
         self._insert_messages(cur, id, transcript, now(), last=0)
+        if running:  # a child's first write is its turn's (unless it also ends it)
+            cur.execute(q.running, (True, id))
         record = SessionRecord(
             id=id,
             baseline=baseline,
@@ -391,7 +397,8 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         first: ChatMessage | None = None,
     ) -> tuple[SessionRecord, bool]:
         """:meth:`open_or_create` inside the caller's transaction (for :meth:`run_batch`); a
-        session created with ``first`` holds it as its first message, its first turn counted."""
+        session created with ``first`` holds it as its first message, its first turn counted and
+        running."""
         check_session_id(id)
         self._hold(cur, id)
         if self._row(cur, id) is not None:
@@ -400,6 +407,7 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         if first is None:
             return self._record(cur, id), True
         self._insert_messages(cur, id, (first,), now(), last=0)
+        cur.execute(self.dialect.q.running, (True, id))  # its first turn runs from here
         return SessionRecord(id, baseline, slot, (first,), 1, 1, False, agent=agent), True
 
     def append(
@@ -410,6 +418,7 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         turns: int,
         next_call_id: int,
         untrusted: bool,
+        running: bool | None = None,
     ) -> None:
         """Append ``messages`` to ``id``'s history and save its counters, in one transaction.
 
@@ -419,7 +428,13 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         """
         with self._transaction(id, "append", write=True) as cur:
             self.append_in(
-                cur, id, messages, turns=turns, next_call_id=next_call_id, untrusted=untrusted
+                cur,
+                id,
+                messages,
+                turns=turns,
+                next_call_id=next_call_id,
+                untrusted=untrusted,
+                running=running,
             )
 
     def append_in(
@@ -432,11 +447,13 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         next_call_id: int,
         untrusted: bool,
         reports: Sequence[str] = (),
+        running: bool | None = None,
     ) -> None:
         """:meth:`append` inside the caller's transaction (for :meth:`run_batch`).
 
         ``reports`` names background children whose reports ``messages`` deliver: their rows
-        go in the same transaction, so each report is delivered once."""
+        go in the same transaction, so each report is delivered once. ``running`` True marks
+        a turn of ``id`` running from this write on, False ended with it (None: unchanged)."""
         q = self.dialect.q
         # The hot path of every turn: read the one counter it checks, not the baseline.
         row = cur.execute(q.next_call_id, (id,)).fetchone()
@@ -454,6 +471,8 @@ class SqlSessionStore(BackgroundRows, ApprovalRows):
         cur.execute(q.counters, (turns, next_call_id, bool(untrusted), at, id))
         for child in reports:  # delivered with these messages: in this transcript, not stored
             cur.execute(q.drop_background, (child,))
+        if running is not None:
+            cur.execute(q.running, (bool(running), id))
 
     def compact(self, id: str, summary: ChatMessage) -> None:
         """Replace ``id``'s live history by ``summary``, in one transaction.

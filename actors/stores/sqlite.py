@@ -29,11 +29,11 @@ log = logging.getLogger(__name__)
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
-in ``sessions``, no ``parent``), version 2 (no ``agent``) and version 3 (no ``background`` and
-no ``approvals`` table) are migrated when a store is opened; a session stored before version 3
-runs the ``default`` agent."""
+in ``sessions``, no ``parent``), version 2 (no ``agent``), version 3 (no ``background`` and
+no ``approvals`` table) and version 4 (no ``running`` flag on sessions) are migrated when a
+store is opened; a session stored before version 3 runs the ``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -178,6 +178,12 @@ class SessionStore(SqlSessionStore):
             if 1 <= version < 4:  # version 4 also keeps the calls that wait for a person
                 log.info("store %s: adding the approvals table (schema 4)", self.path)
                 conn.execute(_APPROVALS)
+            if 2 <= version < 5:  # version 5: which sessions run a turn (1 rebuilt the table)
+                log.info("store %s: adding the running flag (schema 5)", self.path)
+                conn.execute(
+                    "ALTER TABLE sessions ADD COLUMN running INTEGER NOT NULL DEFAULT 0"
+                    " CHECK (running IN (0, 1))"
+                )
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")

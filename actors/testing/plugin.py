@@ -164,8 +164,8 @@ def loopd_runtime(
     rt = loopd_runtime(model=my_model, tools=[my_tool], memory=my_memory, clock=fixed_clock)
 
     It takes ``Runtime.start``'s keyword arguments by the same names (``model``, ``tools``,
-    ``memory``, ``clock``, ``tracer``), plus ``config`` and sections to override (a dict
-    given as ``memory`` is the ``[memory]`` section).
+    ``memory``, ``clock``, ``tracer``, ``subscribe``), plus ``config`` and sections to
+    override (a dict given as ``memory`` is the ``[memory]`` section).
     """
     started: list[Runtime] = []
 
@@ -179,6 +179,7 @@ def loopd_runtime(
         tracer: Tracer | None = None,
         config: Config | None = None,
         memory_source: MemorySource | None = None,
+        subscribe: Iterable[Callable[[Any], Any]] = (),
         **sections: dict[str, Any],
     ) -> Runtime:
         if model is None and script is not None:
@@ -188,7 +189,15 @@ def loopd_runtime(
         cfg = _with(config or loopd_config, sections)
         options: dict[str, Any] = {} if clock is None else {"clock": clock}
         memory = memory if memory is not None else memory_source  # the older name
-        rt = Runtime.start(cfg, model=model, tools=tools, memory=memory, tracer=tracer, **options)
+        rt = Runtime.start(
+            cfg,
+            model=model,
+            tools=tools,
+            memory=memory,
+            tracer=tracer,
+            subscribe=subscribe,
+            **options,
+        )
         started.append(rt)
         return rt
 

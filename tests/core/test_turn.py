@@ -84,6 +84,18 @@ def answer(request: RequestModel, content: str | None = None, *calls: tuple[str,
     return ModelAnswer("mm-thread", request.request_id, content, proposed)
 
 
+def ended(turn: Turn, effects: list[Effect]) -> list[Effect]:
+    """``effects`` with the turn's end write acknowledged: what follows once its end (a
+    Persist of nothing with ``running=False``) is durable, ``TurnEnded`` and ``Finish``."""
+    ends = [e for e in only(effects, Persist) if e.running is False and not e.messages]
+    if len(ends) != 1 or only(effects, Finish):
+        return effects
+    told = [e.event for e in only(effects, Emit)]
+    assert not [e for e in told if isinstance(e, TurnEnded)], "told before the end is durable"
+    rest = [e for e in effects if e is not ends[0]]
+    return rest + turn.persisted(ends[0].request_id)
+
+
 def persist_and_ask(turn: Turn, effects: list[Effect]) -> RequestModel:
     """Acknowledge the one Persist in ``effects``; return the model request that follows."""
     saved = one(effects, Persist)
@@ -189,11 +201,13 @@ def test_a_model_still_calling_tools_at_the_limit_ends_with_turn_limit() -> None
 def test_a_model_error_fails_the_turn_with_its_cause() -> None:
     turn = new_turn()
     request = persist_and_ask(turn, turn.start("go"))
-    effects = turn.model_error(ModelError("mm-thread", request.request_id, "HTTP 500: boom"))
+    effects = ended(
+        turn, turn.model_error(ModelError("mm-thread", request.request_id, "HTTP 500: boom"))
+    )
     finish = one(effects, Finish)
     assert finish.outcome == TurnFailed("mm-thread", FailReason.MODEL_ERROR, "HTTP 500: boom")
-    ended = one(effects, Emit).event
-    assert isinstance(ended, TurnEnded) and ended.reason is FailReason.MODEL_ERROR
+    event = one(effects, Emit).event
+    assert isinstance(event, TurnEnded) and event.reason is FailReason.MODEL_ERROR
 
 
 def test_a_stale_answer_is_ignored() -> None:
@@ -207,7 +221,7 @@ def test_a_stale_answer_is_ignored() -> None:
 def test_a_store_failure_fails_the_turn() -> None:
     turn = new_turn()
     saved = one(turn.start("go"), Persist)
-    finish = one(turn.store_failed(saved.request_id, "disk full"), Finish)
+    finish = one(ended(turn, turn.store_failed(saved.request_id, "disk full")), Finish)
     assert finish.outcome == TurnFailed("mm-thread", FailReason.STORE_ERROR, "disk full")
 
 
@@ -324,7 +338,9 @@ def test_cancel_keeps_results_that_arrived_and_answers_the_rest() -> None:
     arrived = one(turn.tool_result(ToolResult(2, "second arrived")), Persist).messages
     assert [(m.tool_call_id, m.content) for m in arrived] == [(2, "second arrived")]
     effects = turn.cancel(FailReason.CANCELLED, "by the user")
-    stored = one(effects, Persist).messages  # only the call without a result is made up
+    write = one(effects, Persist)
+    assert write.running is False  # the turn's end goes with its last results
+    stored = write.messages  # only the call without a result is made up
     assert [(m.tool_call_id, m.content) for m in stored] == [
         (1, "Denied: the turn ended before this call returned a result."),
     ]
@@ -333,7 +349,7 @@ def test_cancel_keeps_results_that_arrived_and_answers_the_rest() -> None:
 def test_no_compaction_after_a_store_failure() -> None:
     turn = new_turn(threshold=10)
     saved = one(turn.start("a long message that the store refuses"), Persist)
-    effects = turn.store_failed(saved.request_id, "disk full")
+    effects = ended(turn, turn.store_failed(saved.request_id, "disk full"))
     assert not only(effects, RequestModel)
     assert one(effects, Finish).outcome.reason is FailReason.STORE_ERROR
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime
 
+from test_turn import ended
+
 from actors.core.dispatch import Registry
 from actors.core.limits import Limits
 from actors.core.session_state import SessionState
@@ -124,8 +126,8 @@ def test_a_final_answer_cut_off_at_max_tokens_fails_the_turn_and_is_not_stored()
     turn = new_turn()
     request = one(saved(turn, turn.start("tell me a story")), RequestModel)
     effects = turn.model_answer(reply(request, "Once upon a", truncated=True))
-    assert not only(effects, Persist)
-    outcome = one(effects, Finish).outcome
+    assert not [p for p in only(effects, Persist) if p.messages]  # only the turn's end
+    outcome = one(ended(turn, effects), Finish).outcome
     assert outcome.reason is FailReason.MODEL_ERROR
     assert "hit max_tokens (2048 tokens, model.max_tokens)" in outcome.detail
     assert turn.state.transcript[-1] == ChatMessage("user", "tell me a story")
@@ -221,10 +223,11 @@ def test_a_prompt_the_server_refuses_as_too_long_is_compacted_and_sent_once_more
     # A second refusal in the same turn fails it with the server's words (after trying to
     # compact what is left, which a summary of a summary does not need to pass).
     second = ModelError("mm-thread", retry.request_id, "HTTP 400 exceeds", context_exceeded=True)
-    effects = turn.model_error(second)
+    effects = ended(turn, turn.model_error(second))
     if not only(effects, Finish):
         again = one(effects, RequestModel)
-        effects = turn.model_error(ModelError("mm-thread", again.request_id, "still too long"))
+        still = ModelError("mm-thread", again.request_id, "still too long")
+        effects = ended(turn, turn.model_error(still))
         assert one(effects, Emit).event == CompactionFailed(
             session="mm-thread",
             detail="the model could not summarise: still too long",

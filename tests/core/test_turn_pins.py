@@ -4,7 +4,7 @@ a late or stale reply (another request id) changes nothing."""
 
 from __future__ import annotations
 
-from test_turn import answer, new_turn, one, only, persist_and_ask
+from test_turn import answer, ended, new_turn, one, only, persist_and_ask
 
 from actors.core.turn_effects import Emit, Finish, Persist, RequestModel, Spawn
 from messages import (
@@ -24,7 +24,7 @@ from messages import (
 def test_a_failed_write_of_the_user_message_fails_the_turn_with_the_stores_words() -> None:
     turn = new_turn()
     saved = one(turn.start("hello"), Persist)
-    finish = one(turn.store_failed(saved.request_id, "disk full"), Finish)
+    finish = one(ended(turn, turn.store_failed(saved.request_id, "disk full")), Finish)
     assert finish.outcome == TurnFailed("mm-thread", FailReason.STORE_ERROR, "disk full")
     assert turn.done
     assert turn.persisted(saved.request_id) == []  # a late acknowledgement changes nothing
@@ -34,7 +34,8 @@ def test_a_failed_write_of_the_answer_fails_the_turn_not_leaves_it_waiting() -> 
     turn = new_turn()
     request = persist_and_ask(turn, turn.start("hi"))
     saved = one(turn.model_answer(answer(request, "hello there")), Persist)
-    finish = one(turn.store_failed(saved.request_id, "locked", FailReason.BUSY), Finish)
+    failed = turn.store_failed(saved.request_id, "locked", FailReason.BUSY)
+    finish = one(ended(turn, failed), Finish)
     assert finish.outcome == TurnFailed("mm-thread", FailReason.BUSY, "locked")
     assert turn.done
 
@@ -70,9 +71,9 @@ def test_a_cancelled_turn_ignores_what_comes_after() -> None:
 def test_a_failed_turn_says_why_in_its_turn_ended_event() -> None:
     turn = new_turn()
     saved = one(turn.start("hello"), Persist)
-    effects = turn.store_failed(saved.request_id, "disk full")
-    (ended,) = [e.event for e in only(effects, Emit) if isinstance(e.event, TurnEnded)]
-    assert (ended.completed, ended.reason, ended.detail) == (
+    effects = ended(turn, turn.store_failed(saved.request_id, "disk full"))
+    (event,) = [e.event for e in only(effects, Emit) if isinstance(e.event, TurnEnded)]
+    assert (event.completed, event.reason, event.detail) == (
         False,
         FailReason.STORE_ERROR,
         "disk full",

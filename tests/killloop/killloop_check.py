@@ -70,6 +70,8 @@ class StoreView:
         self._histories: dict[str, list[StoredMessage]] = {}
         with SessionStore(db) as store:
             self.ids = {info.id for info in store.list_sessions()}
+            # After the settling run: what the store still holds as running.
+            self.running = {record.id for record in store.interrupted()}
 
     def history(self, session: str) -> list[StoredMessage]:
         if session not in self._histories:
@@ -197,23 +199,18 @@ def check_iteration(
                 )
         elif line["tag"] == "TurnEnded" and open_turns[line["event"]["session"]] > 0:
             open_turns[line["event"]["session"]] -= 1
-    ended_at_start: Counter[str] = Counter()
-    started_since: set[str] = set()
-    for line in settle:
-        if line["kind"] != "event":
-            continue
-        session = line["event"].get("session")
-        if line["tag"] == "TurnStarted":
-            started_since.add(session)
-        elif line["tag"] == "TurnEnded" and session not in started_since:
-            ended_at_start[session] += 1
+    # The settling run ends each of them at its start (crashed) or resumes it to its end;
+    # it starts no work of its own, so each cut-off turn has a TurnEnded there.
+    ended_in_settle: Counter[str] = Counter(
+        line["event"].get("session")
+        for line in settle
+        if line["kind"] == "event" and line["tag"] == "TurnEnded"
+    )
     for session, n in open_turns.items():
-        if n > ended_at_start[session]:
-            bad(
-                "every turn ended at the next start",
-                session,
-                f"{n - ended_at_start[session]} turn(s) cut off and never ended",
-            )
+        if n > 0 and not ended_in_settle[session]:
+            bad("every turn ended at the next start", session, "cut off and never ended")
+    for session in sorted(view.running):
+        bad("every turn ended at the next start", session, "still stored running at the end")
 
     # Background children report exactly once, and a told completion reports completed.
     for child in background:

@@ -233,10 +233,6 @@ def main(argv: list[str]) -> int:
         approvals=ApprovalsConfig(tools=("deploy",)),
         loop=LoopConfig(max_steps=MAX_STEPS + 2),
     )
-    rt = Runtime.start(
-        config, model=ScriptedModel(make_script(rng, mode == "settle")), tools=tools(effects)
-    )
-    journal.write("started", {"tag": mode})
     requests: queue.Queue[Any] = queue.Queue()
 
     def told(event: TurnEvent) -> None:
@@ -244,7 +240,15 @@ def main(argv: list[str]) -> int:
         if isinstance(event, ApprovalRequested):
             requests.put(event)
 
-    rt.subscribe(told)
+    journal.write("starting", {"tag": mode})
+    # Subscribed from the start: the turns the last kill cut off are told ended here.
+    rt = Runtime.start(
+        config,
+        model=ScriptedModel(make_script(rng, mode == "settle")),
+        tools=tools(effects),
+        subscribe=[told],
+    )
+    journal.write("started", {"tag": mode})
     stop = threading.Event()
     person = threading.Thread(
         target=decider, args=(rt, journal, random.Random(seed + 1), requests, stop), daemon=True
