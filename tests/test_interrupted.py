@@ -129,3 +129,32 @@ def test_a_turn_that_ends_cleanly_leaves_no_mark(loopd_runtime, loopd_config) ->
     assert rt.run_turn("a", "hi", timeout=WAIT) == TurnCompleted("a", "one")
     with SessionStore(loopd_config.home_path / DB_NAME) as store:
         assert store.interrupted() == []
+
+
+def test_only_a_call_still_to_be_carried_out_makes_its_family_resume() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from actors.runtime.interrupted import resuming
+    from messages import ApprovalRequested, SessionRecord, StoredApproval
+
+    at = datetime(2026, 12, 5, tzinfo=UTC)
+
+    def waiting(session: str, **kw: Any) -> StoredApproval:
+        request = ApprovalRequested(session=session, call_id=1, tool="deploy", arguments="{}", at=at)
+        return StoredApproval(request, at + timedelta(days=1), **kw)
+
+    def record(id: str, parent: str | None = None) -> SessionRecord:
+        return SessionRecord(id, BASELINE, 0, (), 1, 2, False, parent)
+
+    records = [record("a"), record("sub-a-1", "a"), record("b"), record("sub-b-1", "b")]
+    # A child's call that waits holds its parent's turn too; one that began to run (it is
+    # answered as interrupted) and a background child's (dropped) resume nothing.
+    found = resuming(
+        records,
+        [
+            waiting("sub-a-1"),
+            waiting("b", approved=True, ran=True),
+            waiting("sub-b-1", background=True),
+        ],
+    )
+    assert found == {"a", "sub-a-1"}

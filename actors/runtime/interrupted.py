@@ -20,6 +20,7 @@ from actors.core.agents import Agents
 from actors.core.session_state import SessionState, repair_results
 from actors.stores.base import StoreBackend
 from messages import FailReason, SessionRecord, StoredApproval, TurnEnded, TurnEvent
+from messages.ids import CHILD_PREFIX
 
 __all__ = ["CRASHED_DETAIL", "end_interrupted", "tell_start_subscribers"]
 
@@ -31,11 +32,14 @@ CRASHED_DETAIL = "the process stopped during this turn; the next start ended it"
 
 def resuming(records: Sequence[SessionRecord], waiting: Iterable[StoredApproval]) -> set[str]:
     """The sessions of ``records`` whose turn resumes: those with a call that waits for a
-    person, and their ancestors (whose ``subagent`` calls wait for them)."""
+    person, and their ancestors (whose ``subagent`` calls wait for them). A call that began to
+    run (``ran``) does not resume, nor does a background child's: the Context drops them."""
     parents = {r.id: r.parent for r in records}
     out: set[str] = set()
     for entry in waiting:
         session: str | None = entry.request.session
+        if entry.ran or (entry.background and entry.request.session.startswith(CHILD_PREFIX)):
+            continue
         while session is not None and session not in out:
             out.add(session)
             session = parents.get(session)

@@ -61,6 +61,8 @@ class Tally:
     kill_points: Counter[str] = field(default_factory=Counter)
     violations: list[tuple[int, int, Violation]] = field(default_factory=list)
     told: Counter[str] = field(default_factory=Counter)
+    untold_ends: int = 0
+    """Turns whose end was stored with their outcome just before the kill, not yet told."""
 
     def by_guarantee(self) -> dict[str, tuple[int, int]]:
         """guarantee -> (iterations that broke it, cases)."""
@@ -157,7 +159,9 @@ def run(iterations: int, seed: int, home_root: Path, out=sys.stdout) -> Tally:
         settled = any(line["kind"] == "settled" for line in settle)
         tally.told.update(line["tag"] for line in work if line["kind"] in ("event", "decision"))
         effect_lines = read_journal(effects)
-        found = check_iteration(work, settle, effect_lines, StoreView(home / "loopd.db"), settled)
+        view = StoreView(home / "loopd.db")
+        found = check_iteration(work, settle, effect_lines, view, settled)
+        tally.untold_ends += len(view.untold_ends)
         tally.iterations += 1
         for v in found:
             tally.violations.append((i, work_seed, v))
@@ -180,6 +184,10 @@ def report(tally: Tally, seed: int, elapsed: float) -> str:
     ]
     for g, (its, cases) in tally.by_guarantee().items():
         rows.append(f"| {g} | {its} of {tally.iterations} | {cases} |")
+    rows.append(
+        f"turns whose end was stored with their outcome just before the kill, never told "
+        f"ended (the start finds nothing running): {tally.untold_ends}"
+    )
     if tally.violations:
         i, _work_seed, v = tally.violations[0]
         rows.append(
