@@ -140,7 +140,9 @@ def test_only_a_call_still_to_be_carried_out_makes_its_family_resume() -> None:
     at = datetime(2026, 12, 5, tzinfo=UTC)
 
     def waiting(session: str, **kw: Any) -> StoredApproval:
-        request = ApprovalRequested(session=session, call_id=1, tool="deploy", arguments="{}", at=at)
+        request = ApprovalRequested(
+            session=session, call_id=1, tool="deploy", arguments="{}", at=at
+        )
         return StoredApproval(request, at + timedelta(days=1), **kw)
 
     def record(id: str, parent: str | None = None) -> SessionRecord:
