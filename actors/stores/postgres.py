@@ -58,10 +58,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PG_SCHEMA_VERSION = 3
+PG_SCHEMA_VERSION = 4
 """The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
 sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
-``loopd_approvals``."""
+``loopd_approvals``; version 3 no ``loopd_a2a_tasks``."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -106,6 +106,8 @@ _SCHEMA = (
     # Version 3: background children and their reports, and the calls that wait for a person.
     PG.background_table,
     _APPROVALS,
+    # Version 4: the A2A endpoint's tasks.
+    PG.a2a_table,
     """CREATE TABLE IF NOT EXISTS loopd_memory (
         seq  BIGSERIAL PRIMARY KEY,
         text TEXT NOT NULL,

@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
 in ``sessions``, no ``parent``), version 2 (no ``agent``) and version 3 (no ``background`` and
-no ``approvals`` table) are migrated when a store is opened; a session stored before version 3
+no ``approvals`` table) and version 4 (no ``a2a_tasks`` table) are migrated when a store is
+opened; a session stored before version 3
 runs the ``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
@@ -156,7 +157,7 @@ class SessionStore(SqlSessionStore):
             if version == 0:
                 known = conn.execute(
                     "SELECT name FROM sqlite_master WHERE name IN"
-                    " ('sessions', 'messages', 'baselines', 'background', 'approvals')"
+                    " ('sessions', 'messages', 'baselines', 'background', 'approvals', 'a2a_tasks')"
                 ).fetchall()
                 if known:
                     raise StoreError(
@@ -178,6 +179,8 @@ class SessionStore(SqlSessionStore):
             if 1 <= version < 4:  # version 4 also keeps the calls that wait for a person
                 log.info("store %s: adding the approvals table (schema 4)", self.path)
                 conn.execute(_APPROVALS)
+            if version < 5:  # version 5: the A2A endpoint's tasks (its own table)
+                conn.execute(SQLITE.a2a_table)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
