@@ -28,14 +28,20 @@ class A2aServed:
     restart does: the home is then free for another ``start``)."""
 
     def __init__(
-        self, home: Path, script: Any, *, token: str | None = None, **config: Any
+        self,
+        home: Path,
+        script: Any,
+        *,
+        token: str | None = None,
+        tools: Any = None,
+        **config: Any,
     ) -> None:
         options = {"a2a": A2aConfig(serve=True), **config}
         self.config = Config(home=str(home), **options)
         self.token = token
         self._stack = contextlib.ExitStack()
         self.rt = self._stack.enter_context(
-            Runtime.start(self.config, model=ScriptedModel(script), tools=config_tools(script))
+            Runtime.start(self.config, model=ScriptedModel(script), tools=tools)
         )
         settings = ServiceSettings("127.0.0.1", 0, token)
         self.service = self._stack.enter_context(Service.start(self.rt, settings))
@@ -61,11 +67,6 @@ class A2aServed:
     def stop(self) -> None:
         """Stop the service and the runtime."""
         self._stack.close()
-
-
-def config_tools(script: Any) -> Any:
-    """The port tools a script declares (``script.tools``), if any."""
-    return getattr(script, "tools", None)
 
 
 def user_message(
@@ -114,8 +115,8 @@ def served(tmp_path: Path) -> Iterator[Any]:
     the end."""
     started: list[A2aServed] = []
 
-    def start(script: Any, **config: Any) -> A2aServed:
-        s = A2aServed(tmp_path / "home", script, **config)
+    def start(script: Any, **options: Any) -> A2aServed:
+        s = A2aServed(tmp_path / "home", script, **options)
         started.append(s)
         return s
 
@@ -124,3 +125,21 @@ def served(tmp_path: Path) -> Iterator[Any]:
     finally:
         for s in started:
             s.stop()
+
+
+def task_id_of(items: list[StreamResponse]) -> str:
+    """The task id the items are about."""
+    for item in items:
+        for field in ("task", "status_update", "artifact_update"):
+            if item.HasField(field):
+                got = getattr(item, field)
+                return str(got.id if field == "task" else got.task_id)
+    raise AssertionError(f"no task among {items}")
+
+
+async def settled(client: Client, request: SendMessageRequest) -> Task:
+    """Send ``request`` (streaming or not), then read its task back with ``GetTask``."""
+    from a2a.types import GetTaskRequest
+
+    items = await collect(client, request)
+    return await client.get_task(GetTaskRequest(id=task_id_of(items)))

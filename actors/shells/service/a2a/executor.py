@@ -99,7 +99,7 @@ class Watch:
         self.due: dict[tuple[str, int], ApprovalRequested] = {}
         """The calls announced as waiting (``INPUT_REQUIRED``) and not yet settled."""
         self.outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
-        self._from_events = False
+        self.from_events = False
         self._inbox = LoopInbox(asyncio.get_running_loop(), self.items.put_nowait, "a2a")
         self._unsubscribe = runtime.runtime.subscribe(self._offer, inline=True)
         self._address: str | None = None
@@ -124,11 +124,11 @@ class Watch:
 
     def follow_events(self) -> None:
         """No outcome will come by mail (a turn of an earlier run): its ``TurnEnded`` ends it."""
-        self._from_events = True
+        self.from_events = True
 
     def ending(self, event: TurnEvent) -> TurnEnded | None:
         """``event`` if it ends a turn followed by its events alone."""
-        if self._from_events and isinstance(event, TurnEnded) and event.session == self.session:
+        if self.from_events and isinstance(event, TurnEnded) and event.session == self.session:
             return event
         return None
 
@@ -162,7 +162,7 @@ class LoopdExecutor(AgentExecutor):
         """The calls a follow-up of ``task_id`` may settle: those its status announced, or
         after a restart, the family's waiting calls."""
         watch = self.watches.get(task_id)
-        if watch is not None:
+        if watch is not None and not watch.from_events:
             return list(watch.due.values())
         waiting = await self.runtime.pending_approvals()
         return [
