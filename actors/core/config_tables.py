@@ -14,8 +14,8 @@ from actors.core.text import redact
 
 __all__ = [
     "DEFAULT_APPROVAL_TIMEOUT_S",
-    "A2aConfig",
     "DEFAULT_SYSTEM_PROMPT",
+    "A2aConfig",
     "ApprovalsConfig",
     "ClusterConfig",
     "CompactConfig",

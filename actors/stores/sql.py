@@ -34,8 +34,8 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from actors.stores.approval_rows import ApprovalRows
 from actors.stores.a2a_rows import A2aTaskRows
+from actors.stores.approval_rows import ApprovalRows
 from actors.stores.background_rows import BackgroundRows
 from actors.stores.base import (
     SessionExists,

@@ -15,18 +15,18 @@ import pytest
 
 pytest.importorskip("a2a.server")
 
-import httpx  # noqa: E402
-from a2a.client import ClientConfig, ClientFactory  # noqa: E402
-from a2a.client.errors import A2AClientError  # noqa: E402
-from a2a.types import (  # noqa: E402
+import httpx
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.errors import A2AClientError
+from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
     SubscribeToTaskRequest,
     Task,
     TaskState,
 )
-from a2a.utils.errors import InvalidParamsError  # noqa: E402
-from a2a_kit import (  # noqa: E402
+from a2a.utils.errors import InvalidParamsError
+from a2a_kit import (
     WAIT,
     A2aServed,
     collect,
@@ -37,11 +37,11 @@ from a2a_kit import (  # noqa: E402
     user_message,
 )
 
-from actors import port_tool  # noqa: E402
-from actors.shells.service.a2a.store import CRASHED_TEXT  # noqa: E402
-from actors.core.config import AgentConfig, ConfigError, LoopConfig  # noqa: E402
-from actors.testing import call, reply  # noqa: E402
-from messages import ModelRequest  # noqa: E402
+from actors import port_tool
+from actors.core.config import AgentConfig, ConfigError, LoopConfig
+from actors.shells.service.a2a.store import CRASHED_TEXT
+from actors.testing import call, reply
+from messages import ModelRequest
 
 pytestmark = pytest.mark.timeout(90)
 

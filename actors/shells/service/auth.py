@@ -2,9 +2,9 @@
 the bearer token.
 
 With a token, every request needs ``Authorization: Bearer <token>`` except ``GET /healthz``,
-``GET /``, the A2A agent card and the page's static files (a person's browser loads the page first, then asks for
-the token). The token is compared in constant time (``hmac.compare_digest``) and never logged
-or echoed.
+``GET /``, the A2A agent card and the page's static files (a person's browser loads the page
+first, then asks for the token). The token is compared in constant time
+(``hmac.compare_digest``) and never logged or echoed.
 
 Without a token the service listens on loopback only, and a browser is the one way in for
 someone else: a page on another site may send requests to ``127.0.0.1`` (a form post needs no

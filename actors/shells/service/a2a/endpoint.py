@@ -81,9 +81,11 @@ def agent_card(config: Config, url: str) -> AgentCard:
     interface at ``url``."""
     description = config.a2a.description
     if description is None:
-        description = config.loop.system_prompt.strip().splitlines()[0] if (
-            config.loop.system_prompt.strip()
-        ) else "a loopd agent"
+        description = (
+            config.loop.system_prompt.strip().splitlines()[0]
+            if (config.loop.system_prompt.strip())
+            else "a loopd agent"
+        )
     skills = []
     for name in config.agent_names():
         profile = config.agent(name)
@@ -91,9 +93,8 @@ def agent_card(config: Config, url: str) -> AgentCard:
             AgentSkill(
                 id=name,
                 name=name,
-                description=profile.description or (
-                    "the plain agent" if name == "default" else f"the agent profile {name}"
-                ),
+                description=profile.description
+                or ("the plain agent" if name == "default" else f"the agent profile {name}"),
                 tags=["loopd"],
             )
         )
@@ -238,13 +239,17 @@ class _Handler(DefaultRequestHandler):
     """The SDK's handler; ``CancelTask`` of a task no executor runs here (one that waits for
     input since before a restart) also cancels its session's family."""
 
-    def __init__(self, *args: Any, runtime: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, executor: LoopdExecutor, store: LoopdTaskStore, card: AgentCard, **kwargs: Any
+    ) -> None:
+        runtime = kwargs.pop("runtime")
+        super().__init__(executor, store, card, **kwargs)
         self._runtime = runtime
+        self._store = store
 
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Any:
         """Cancel the task (the SDK's way), and the turn of its session."""
-        stored = await self.task_store.get(params.id, context)
+        stored = await self._store.get(params.id, context)
         result = await super().on_cancel_task(params, context)
         if stored is not None and TaskState.Name(stored.status.state) not in TERMINAL:
             with contextlib.suppress(RuntimeError, ValueError):
@@ -283,9 +288,9 @@ def mount_a2a(app: Starlette, state: Any) -> Callable[[], Awaitable[None]]:
     executor = LoopdExecutor(runtime, _answer_of(state))
     card = agent_card(config, "http://localhost/a2a/")
     handler = _Handler(
-        agent_executor=executor,
-        task_store=store,
-        agent_card=card,
+        executor,
+        store,
+        card,
         request_context_builder=_Checks(
             config, executor, store, state, context_number(sessions + contexts)
         ),

@@ -165,9 +165,7 @@ class LoopdExecutor(AgentExecutor):
         if watch is not None and not watch.from_events:
             return list(watch.due.values())
         waiting = await self.runtime.pending_approvals()
-        return [
-            r for r in waiting if r.session == session or descends_from(r.session, session)
-        ]
+        return [r for r in waiting if r.session == session or descends_from(r.session, session)]
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """A new task starts a turn; a follow-up of a waiting one settles the call."""

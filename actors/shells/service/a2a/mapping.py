@@ -134,8 +134,7 @@ def skill_of(metadata: Mapping[str, Any] | None, agents: Sequence[str]) -> str |
     if not isinstance(skill, str) or skill not in agents:
         shown = repr(skill)[:80]
         raise Refused(
-            f"metadata.skill {shown} is not a skill of this agent (its skills: "
-            f"{', '.join(agents)})"
+            f"metadata.skill {shown} is not a skill of this agent (its skills: {', '.join(agents)})"
         )
     return skill
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
-from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
+from a2a.types import ListTasksRequest, ListTasksResponse, Role, Task, TaskState
 from google.protobuf import json_format
 
 from actors.core.config import Config
@@ -37,11 +37,14 @@ def _owner(_context: ServerCallContext) -> str:
 
 
 def _body(task: Task) -> bytes:
-    return json_format.MessageToJson(task, indent=None).encode()
+    text: str = json_format.MessageToJson(task, indent=None)
+    return text.encode()
 
 
 def _task(row: A2aTaskRow) -> Task:
-    return json_format.Parse(row.body, Task(), ignore_unknown_fields=True)
+    task = Task()
+    json_format.Parse(row.body, task, ignore_unknown_fields=True)
+    return task
 
 
 class LoopdTaskStore(TaskStore):
@@ -85,7 +88,7 @@ class LoopdTaskStore(TaskStore):
             task.status.state = TaskState.Value(FAILED)
             task.status.message.Clear()
             task.status.message.message_id = f"{task.id}-crashed"
-            task.status.message.role = 2  # ROLE_AGENT
+            task.status.message.role = Role.ROLE_AGENT
             task.status.message.parts.add(text=CRASHED_TEXT)
             self._write(A2aTaskRow(task.id, task.context_id, FAILED, _body(task)))
             swept.append(task.id)
