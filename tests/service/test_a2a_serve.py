@@ -464,3 +464,47 @@ def test_a2a_serve_without_an_address_or_without_the_sdk_is_refused(monkeypatch)
     )
     with pytest.raises(ConfigError, match=r"pip install '\.\[a2a\]'"):
         settings.service_settings(config, "127.0.0.1:0")
+
+
+# --- a typed profile, and a turn started elsewhere ---
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"status": {"type": "string"}, "hosts": {"type": "integer"}},
+    "required": ["status", "hosts"],
+    "additionalProperties": False,
+}
+
+
+def test_a_typed_profile_answers_its_output_as_a_data_part(a2a) -> None:
+    def typed(request: ModelRequest) -> Any:
+        return call("final_answer", status="green", hosts=3)
+
+    s: A2aServed = a2a(typed, agents={"checker": AgentConfig(output_schema=SCHEMA)})
+
+    async def go() -> None:
+        async with s.client(streaming=False) as client:
+            done = last_task(await collect(client, user_message("status?", skill="checker")))
+            assert state(done) == "TASK_STATE_COMPLETED"
+            text, data = done.artifacts[-1].parts
+            assert text.text == '{"status":"green","hosts":3}'
+            from google.protobuf import json_format
+
+            assert json_format.MessageToDict(data.data) == {"status": "green", "hosts": 3.0}
+
+    run(go())
+
+
+def test_a_session_busy_with_a_turn_started_elsewhere_refuses_a_message(a2a) -> None:
+    s: A2aServed = a2a(script, tools=TOOLS)
+    seen = threading.Event()
+    s.rt.subscribe(lambda e: seen.set() if type(e).__name__ == "ToolCallStarted" else None)
+    s.rt.send_turn("shared", "slow")  # the Python API's turn, not an A2A task
+    assert seen.wait(WAIT)
+
+    async def go() -> None:
+        async with s.client(streaming=False) as client:
+            with pytest.raises(InvalidParamsError, match="a turn not started over A2A"):
+                await collect(client, user_message("hi", context_id="shared"))
+
+    run(go())

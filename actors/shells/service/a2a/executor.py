@@ -96,6 +96,8 @@ class Watch:
         self.session = session
         self.task_id = task_id
         self.items: asyncio.Queue[TurnEvent | TurnOutcome] = asyncio.Queue()
+        self.streamed = False
+        """A piece of the answer was sent: the next ones append to the artifact."""
         self.due: dict[tuple[str, int], ApprovalRequested] = {}
         """The calls announced as waiting (``INPUT_REQUIRED``) and not yet settled."""
         self.outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
@@ -244,10 +246,11 @@ class LoopdExecutor(AgentExecutor):
                 watch.due[(item.session, item.call_id)] = item
                 await updater.requires_input(self._say(updater, update.text))
                 return  # parked: the follow-up's execute goes on with this watch
-            if update.artifact is not None:
+            if update.artifact is not None:  # the first piece makes the artifact
                 await updater.add_artifact(
-                    [Part(text=update.artifact)], artifact_id=ANSWER, append=True
+                    [Part(text=update.artifact)], artifact_id=ANSWER, append=watch.streamed
                 )
+                watch.streamed = True
             else:
                 await updater.start_work(self._say(updater, update.text))
 
