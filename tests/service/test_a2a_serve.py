@@ -21,6 +21,7 @@ from a2a.client.errors import A2AClientError
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     SubscribeToTaskRequest,
     Task,
     TaskState,
@@ -177,6 +178,8 @@ def test_a_message_without_context_starts_a2a_n_and_its_context_goes_on(a2a) -> 
             assert other.context_id == "a2a-2"
             named = last_task(await collect(client, user_message("four", context_id="mine")))
             assert named.context_id == "mine" and answer(named) == "echo: four"
+            listed = await client.list_tasks(ListTasksRequest(context_id="a2a-1"))
+            assert sorted(t.id for t in listed.tasks) == sorted([first.id, again.id])
 
     run(go())
     shown = httpx.get(f"{s.url}/v1/sessions/a2a-1", timeout=WAIT).json()

@@ -240,10 +240,14 @@ class _Handler(DefaultRequestHandler):
     input since before a restart) also cancels its session's family."""
 
     def __init__(
-        self, executor: LoopdExecutor, store: LoopdTaskStore, card: AgentCard, **kwargs: Any
+        self,
+        executor: LoopdExecutor,
+        store: LoopdTaskStore,
+        card: AgentCard,
+        runtime: Any,
+        checks: _Checks,
     ) -> None:
-        runtime = kwargs.pop("runtime")
-        super().__init__(executor, store, card, **kwargs)
+        super().__init__(executor, store, card, request_context_builder=checks)
         self._runtime = runtime
         self._store = store
 
@@ -284,18 +288,11 @@ def mount_a2a(app: Starlette, state: Any) -> Callable[[], Awaitable[None]]:
         sessions = [info.id for info in listing.list_sessions()]
     finally:
         listing.close()
-    contexts = [row.context for row in store._rows(None)]
+    contexts = [row.context for row in store.rows()]
     executor = LoopdExecutor(runtime, _answer_of(state))
     card = agent_card(config, "http://localhost/a2a/")
-    handler = _Handler(
-        executor,
-        store,
-        card,
-        request_context_builder=_Checks(
-            config, executor, store, state, context_number(sessions + contexts)
-        ),
-        runtime=runtime,
-    )
+    checks = _Checks(config, executor, store, state, context_number(sessions + contexts))
+    handler = _Handler(executor, store, card, runtime, checks)
 
     async def get_card(request: Request) -> Response:
         host = request.headers.get("host", "localhost")

@@ -13,7 +13,7 @@ watch for a waiting task: the follow-up makes one from the events alone, and the
 from __future__ import annotations
 
 import asyncio
-import logging
+import uuid
 from typing import Any
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -45,8 +45,6 @@ from messages import (
 
 __all__ = ["LoopdExecutor", "Watch", "data_of", "metadata_of", "text_of"]
 
-log = logging.getLogger(__name__)
-
 ANSWER = "answer"
 """The artifact id of a turn's answer (streamed pieces append to it; the end replaces it)."""
 
@@ -72,9 +70,9 @@ def metadata_of(message: Message) -> dict[str, Any]:
     return found
 
 
-def _agent_message(task_id: str, context_id: str, text: str, n: int) -> Message:
+def _agent_message(task_id: str, context_id: str, text: str) -> Message:
     return Message(
-        message_id=f"{task_id}-{n}",
+        message_id=uuid.uuid4().hex,
         task_id=task_id,
         context_id=context_id,
         role=Role.ROLE_AGENT,
@@ -151,7 +149,6 @@ class LoopdExecutor(AgentExecutor):
         """The turns followed now, by task id."""
         self._answer_of = answer_of
         """``answer_of(session) -> str``: the last answer stored (a worker thread calls it)."""
-        self._messages = 0
 
     def busy(self, session: str) -> str | None:
         """The id of the task whose turn runs on ``session`` now, if any."""
@@ -272,8 +269,7 @@ class LoopdExecutor(AgentExecutor):
         await updater.update_status(state, message=message)
 
     def _say(self, updater: TaskUpdater, text: str) -> Message:
-        self._messages += 1
-        return _agent_message(updater.task_id, updater.context_id, text, self._messages)
+        return _agent_message(updater.task_id, updater.context_id, text)
 
     def _drop(self, task_id: str) -> None:
         watch = self.watches.pop(task_id, None)

@@ -72,6 +72,10 @@ class LoopdTaskStore(TaskStore):
         found: A2aTaskRow | None = self._store().a2a_task(task_id)
         return found
 
+    def rows(self, context: str | None = None) -> list[A2aTaskRow]:
+        """Every stored task row (only ``context``'s if given), in a worker thread."""
+        return self._rows(context)
+
     def _rows(self, context: str | None) -> list[A2aTaskRow]:
         found: list[A2aTaskRow] = self._store().a2a_tasks(context)
         return found
