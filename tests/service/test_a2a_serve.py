@@ -40,7 +40,7 @@ from a2a_kit import (
 
 from actors import port_tool
 from actors.core.config import AgentConfig, ConfigError, LoopConfig
-from actors.shells.service.a2a.store import CRASHED_TEXT
+from actors.shells.service.a2a.store import CRASHED_TEXT, NOT_WAITING_TEXT
 from actors.testing import call, reply
 from messages import ModelRequest
 
@@ -511,3 +511,34 @@ def test_a_session_busy_with_a_turn_started_elsewhere_refuses_a_message(a2a) -> 
                 await collect(client, user_message("hi", context_id="shared"))
 
     run(go())
+
+
+def test_a_waiting_task_whose_call_was_dropped_elsewhere_is_failed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    first = A2aServed(tmp_path / "home", script, tools=TOOLS)
+    try:
+
+        async def before() -> str:
+            async with first.client(streaming=False) as client:
+                waiting = last_task(await collect(client, user_message("deploy", context_id="o")))
+                assert state(waiting) == "TASK_STATE_INPUT_REQUIRED"
+                return str(waiting.id)
+
+        task_id = run(before())
+        assert first.rt.cancel("o") == ("o",)  # the Python API's cancel: the call is dropped
+        assert first.rt.pending_approvals() == ()
+    finally:
+        first.stop()
+    second = A2aServed(tmp_path / "home", script, tools=TOOLS)
+    try:
+
+        async def after() -> None:
+            async with second.client(streaming=False) as client:
+                task = await client.get_task(GetTaskRequest(id=task_id))
+                assert state(task) == "TASK_STATE_FAILED"
+                assert status_text(task) == NOT_WAITING_TEXT
+
+        run(after())
+    finally:
+        second.stop()

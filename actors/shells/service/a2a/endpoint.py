@@ -44,6 +44,7 @@ from starlette.routing import Mount, Route, Router
 
 from actors.core.bounded import OutOfBounds, decode_json
 from actors.core.config import Config
+from actors.core.dispatch import descends_from
 from actors.shells.service.a2a.executor import (
     LoopdExecutor,
     data_of,
@@ -282,7 +283,12 @@ def mount_a2a(app: Starlette, state: Any) -> Callable[[], Awaitable[None]]:
     runtime = state.runtime
     config: Config = runtime.runtime.config
     store = LoopdTaskStore(config)
-    store.sweep()
+    pending = runtime.runtime.pending_approvals()  # at start: no actor waits on this thread
+
+    def waiting(session: str) -> bool:
+        return any(r.session == session or descends_from(r.session, session) for r in pending)
+
+    store.sweep(waiting)
     listing = state.store()
     try:
         sessions = [info.id for info in listing.list_sessions()]

@@ -27,6 +27,7 @@ from actors.core.dispatch import descends_from
 from actors.dispatcher.loop_inbox import LoopInbox
 from actors.shells.service.a2a.mapping import (
     INPUT_REQUIRED,
+    Refused,
     Update,
     decision_of,
     event_update,
@@ -209,7 +210,11 @@ class LoopdExecutor(AgentExecutor):
         """Settle the call the follow-up's data part names (checked before the executor ran,
         by the request's builder; a call settled meanwhile is only reported)."""
         due = await self.due(watch.task_id, watch.session)
-        decision, session = decision_of(data_of(message), due)
+        try:
+            decision, session = decision_of(data_of(message), due)
+        except Refused as exc:  # no longer due (decided elsewhere, timed out): go on following
+            await updater.start_work(self._say(updater, f"not settled: {exc}"))
+            return
         if decision.approve:
             answer = await self.runtime.approve(session, decision.call_id, decision.reason or None)
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -26,10 +27,16 @@ from actors.stores.a2a_rows import A2aTaskRow
 from actors.stores.base import StoreBackend
 from actors.stores.open import open_store
 
-__all__ = ["CRASHED_TEXT", "LoopdTaskStore"]
+__all__ = ["CRASHED_TEXT", "NOT_WAITING_TEXT", "LoopdTaskStore"]
 
 CRASHED_TEXT = "crashed: the service stopped before the turn ended"
 """The status text of a task found working at start: its turn was cut off."""
+
+NOT_WAITING_TEXT = (
+    "crashed: no call of this task waits for a person any more (it was decided or dropped "
+    "elsewhere); the session's transcript holds what followed"
+)
+"""The status text of a task found waiting for input at start whose call no longer waits."""
 
 
 def _owner(_context: ServerCallContext) -> str:
@@ -80,20 +87,26 @@ class LoopdTaskStore(TaskStore):
         found: list[A2aTaskRow] = self._store().a2a_tasks(context)
         return found
 
-    def sweep(self) -> list[str]:
-        """At start (in a worker thread): every task stored as working is ``FAILED`` (its turn
-        was cut off by a stop or a crash); a task waiting for input stays (the wait survives).
-        The ids swept."""
+    def sweep(self, waiting: Callable[[str], bool]) -> list[str]:
+        """At start: every task stored as working is ``FAILED`` (its turn was cut off by a stop
+        or a crash); a task waiting for input stays if ``waiting(session)`` (a call of its
+        session's family still waits: the wait survived), else it is ``FAILED`` too. The ids
+        swept."""
         swept = []
         for row in self._rows(None):
-            if row.state in TERMINAL or row.state == INPUT_REQUIRED:
+            if row.state in TERMINAL:
                 continue
+            text = CRASHED_TEXT
+            if row.state == INPUT_REQUIRED:
+                if waiting(row.context):
+                    continue
+                text = NOT_WAITING_TEXT
             task = _task(row)
             task.status.state = TaskState.Value(FAILED)
             task.status.message.Clear()
             task.status.message.message_id = f"{task.id}-crashed"
             task.status.message.role = Role.ROLE_AGENT
-            task.status.message.parts.add(text=CRASHED_TEXT)
+            task.status.message.parts.add(text=text)
             self._write(A2aTaskRow(task.id, task.context_id, FAILED, _body(task)))
             swept.append(task.id)
         return swept
