@@ -40,6 +40,7 @@ from actors.core.config_model import (
     SlotsConfig,
 )
 from actors.core.config_tables import (
+    A2aConfig,
     ApprovalsConfig,
     ClusterConfig,
     CompactConfig,
@@ -62,6 +63,7 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_SECONDS",
     "RESERVED_BODY_KEYS",
+    "A2aConfig",
     "AgentConfig",
     "ApprovalsConfig",
     "ClusterConfig",
@@ -112,6 +114,8 @@ class Config(Section, frozen=True):
     store: StoreConfig = field(default_factory=StoreConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    a2a: A2aConfig = field(default_factory=A2aConfig)
+    """``[a2a]``: the service's A2A endpoint."""
     agents: dict[str, AgentConfig] = field(default_factory=dict)
     """``[agents.NAME]`` profiles, by name."""
     mcp: dict[str, McpServerConfig] = field(default_factory=dict)

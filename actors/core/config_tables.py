@@ -15,6 +15,7 @@ from actors.core.text import redact
 __all__ = [
     "DEFAULT_APPROVAL_TIMEOUT_S",
     "DEFAULT_SYSTEM_PROMPT",
+    "A2aConfig",
     "ApprovalsConfig",
     "ClusterConfig",
     "CompactConfig",
@@ -244,3 +245,21 @@ class ServeConfig(Section, frozen=True):
                 raise ConfigError(str(exc)) from None
         if self.token_env is not None and ENV_NAME.fullmatch(self.token_env) is None:
             raise ConfigError(f"serve.token_env is not a variable name: {self.token_env!r}")
+
+
+class A2aConfig(Section, frozen=True):
+    """``[a2a]``: the A2A endpoint of ``loopd serve --listen`` (see docs/guide.md)."""
+
+    _key: ClassVar[str] = "a2a"
+
+    serve: bool = False
+    """Mount an A2A endpoint under ``/a2a/`` on the service (needs ``pip install '.[a2a]'``)."""
+    name: str = "loopd"
+    """The agent card's ``name``."""
+    description: str | None = None
+    """The agent card's ``description`` (none: the first line of ``loop.system_prompt``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.name.strip():
+            raise ConfigError("a2a.name is empty: the agent card needs a name")

@@ -68,6 +68,16 @@ _BACKGROUND = """CREATE TABLE {exists}{t}background (
     at        TEXT NOT NULL
 )"""
 
+# A2A tasks (the service's ``[a2a]`` endpoint, SQLite schema 5, PostgreSQL's 4): one row per
+# task, ``body`` the SDK's JSON of the task as last stored, ``context`` its session.
+_A2A_TASKS = """CREATE TABLE {exists}{t}a2a_tasks (
+    id      TEXT PRIMARY KEY NOT NULL,
+    context TEXT NOT NULL,
+    state   TEXT NOT NULL,
+    body    {blob} NOT NULL,
+    at      TEXT NOT NULL
+)"""
+
 
 class Dialect:
     """What differs between two SQL databases, as the session logic sees it.
@@ -138,6 +148,10 @@ class Dialect:
             untrusted_check=" CHECK (untrusted IN (0, 1))" if flag_check else "",
         )
         """The background children's table (SQLite schema version 4, PostgreSQL's 3)."""
+        self.a2a_table = _A2A_TASKS.format(
+            exists="IF NOT EXISTS " if if_not_exists else "", t=prefix, blob=blob
+        )
+        """The A2A tasks' table (SQLite schema version 5, PostgreSQL's 4)."""
         self.q = _Statements(self)
 
     def sql(self, text: str) -> str:

@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 PG_SCHEMA_VERSION = 4
 """The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
 sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
-``loopd_approvals``. Version 3 had no ``running`` flag on sessions."""
+``loopd_approvals``. Version 3 had no ``running`` flag on sessions and no
+``loopd_a2a_tasks``."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -108,6 +109,8 @@ _SCHEMA = (
     _APPROVALS,
     # Version 4: which sessions run a turn (what a crash cut off, at the next start).
     "ALTER TABLE loopd_sessions ADD COLUMN IF NOT EXISTS running BOOLEAN NOT NULL DEFAULT FALSE",
+    # Version 4: the A2A endpoint's tasks.
+    PG.a2a_table,
     """CREATE TABLE IF NOT EXISTS loopd_memory (
         seq  BIGSERIAL PRIMARY KEY,
         text TEXT NOT NULL,

@@ -34,6 +34,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
+from actors.stores.a2a_rows import A2aTaskRows
 from actors.stores.approval_rows import ApprovalRows
 from actors.stores.background_rows import BackgroundRows
 from actors.stores.base import (
@@ -87,7 +88,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows):
+class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows, A2aTaskRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;

@@ -32,8 +32,9 @@ DB_NAME = "loopd.db"
 SCHEMA_VERSION = 5
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
 in ``sessions``, no ``parent``), version 2 (no ``agent``), version 3 (no ``background`` and
-no ``approvals`` table) and version 4 (no ``running`` flag on sessions) are migrated when a
-store is opened; a session stored before version 3 runs the ``default`` agent."""
+no ``approvals`` table) and version 4 (no ``running`` flag on sessions, no ``a2a_tasks``
+table) are migrated when a store is opened; a session stored before version 3 runs the
+``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -156,7 +157,7 @@ class SessionStore(SqlSessionStore):
             if version == 0:
                 known = conn.execute(
                     "SELECT name FROM sqlite_master WHERE name IN"
-                    " ('sessions', 'messages', 'baselines', 'background', 'approvals')"
+                    " ('sessions', 'messages', 'baselines', 'background', 'approvals', 'a2a_tasks')"
                 ).fetchall()
                 if known:
                     raise StoreError(
@@ -184,6 +185,8 @@ class SessionStore(SqlSessionStore):
                     "ALTER TABLE sessions ADD COLUMN running INTEGER NOT NULL DEFAULT 0"
                     " CHECK (running IN (0, 1))"
                 )
+            if version < 5:  # version 5: the A2A endpoint's tasks (its own table)
+                conn.execute(SQLITE.a2a_table)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")

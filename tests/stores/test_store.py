@@ -748,6 +748,7 @@ def test_a_version_3_store_gains_the_background_table(db: Path) -> None:
         raw.execute("DROP TABLE background")
         raw.execute("DROP TABLE approvals")
         raw.execute("ALTER TABLE sessions DROP COLUMN running")
+        raw.execute("DROP TABLE a2a_tasks")
         raw.execute("PRAGMA user_version = 3")
     with SessionStore(db) as store:
         assert store.background() == ()

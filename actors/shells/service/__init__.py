@@ -6,6 +6,7 @@
 - ``app``: the Starlette app over an :class:`~actors.aio.AsyncRuntime`.
 - ``openapi``: the ``/v1/openapi.json`` document.
 - ``server``: uvicorn on its own thread, started and stopped by ``loopd serve``.
+- ``a2a``: the A2A endpoint under ``/a2a/`` (``[a2a] serve``; the ``a2a`` extra).
 
 Starlette and uvicorn are the ``serve`` extra (``pip install '.[serve]'``); only ``settings``
 imports without them.

@@ -120,6 +120,8 @@ class ServiceState:
         self.hub = EventHub(settings.replay_events, settings.client_queue)
         self.waiting: dict[asyncio.Future[Any], str] = {}
         self.stopping = False
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+        """What the app's lifespan awaits as it ends (a mounted endpoint's close)."""
 
     def finish(self) -> None:
         """On the loop, when the runtime has stopped: every event stream ends, and a turn the
@@ -619,6 +621,8 @@ def create_app(runtime: AsyncRuntime, settings: ServiceSettings) -> Starlette:
             yield
         finally:
             state.finish()
+            for close in state.closers:
+                await close()
 
     app = _App(
         settings.token,

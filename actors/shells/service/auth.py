@@ -2,9 +2,9 @@
 the bearer token.
 
 With a token, every request needs ``Authorization: Bearer <token>`` except ``GET /healthz``,
-``GET /`` and the page's static files (a person's browser loads the page first, then asks for
-the token). The token is compared in constant time (``hmac.compare_digest``) and never logged
-or echoed.
+``GET /``, the A2A agent card and the page's static files (a person's browser loads the page
+first, then asks for the token). The token is compared in constant time
+(``hmac.compare_digest``) and never logged or echoed.
 
 Without a token the service listens on loopback only, and a browser is the one way in for
 someone else: a page on another site may send requests to ``127.0.0.1`` (a form post needs no
@@ -25,8 +25,9 @@ from actors.core.listen import is_loopback
 
 __all__ = ["OPEN_PATHS", "Gate", "is_open"]
 
-OPEN_PATHS = ("/healthz", "/")
-"""Paths a ``GET`` (or ``HEAD``) may reach without the token."""
+OPEN_PATHS = ("/healthz", "/", "/a2a/.well-known/agent-card.json")
+"""Paths a ``GET`` (or ``HEAD``) may reach without the token (the A2A agent card is public:
+a client reads it to learn where and how to call)."""
 
 STATIC_PREFIX = "/static/"
 """Where the page's own files are served; open like the page."""

@@ -22,6 +22,7 @@ from types import TracebackType
 import uvicorn
 
 from actors.aio import AsyncRuntime
+from actors.core.config import ConfigError
 from actors.core.listen import format_listen
 from actors.runtime import Runtime
 from actors.shells.service.app import ServiceState, create_app
@@ -84,6 +85,8 @@ class Service:
         self._socket = _bind(settings.host, settings.port)
         self.app = create_app(AsyncRuntime(runtime), settings)
         self.state: ServiceState = self.app.state.service
+        if runtime.config.a2a.serve:
+            self._mount_a2a()
         config = uvicorn.Config(
             self.app,
             http=http_parser(),
@@ -103,6 +106,18 @@ class Service:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="loopd-service", daemon=True)
+
+    def _mount_a2a(self) -> None:
+        """Mount the A2A endpoint (``[a2a] serve``); ``ConfigError`` without its extra."""
+        try:
+            from actors.shells.service.a2a.endpoint import mount_a2a
+        except ImportError as exc:
+            self._socket.close()
+            raise ConfigError(
+                f"a2a.serve is true but the A2A SDK is not installed ({exc.name} is missing): "
+                "install loopd with its a2a extra, pip install '.[a2a]'"
+            ) from None
+        self.state.closers.append(mount_a2a(self.app, self.state))
 
     @classmethod
     def start(cls, runtime: Runtime, settings: ServiceSettings, timeout: float = 10.0) -> Service:

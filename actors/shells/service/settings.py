@@ -6,6 +6,7 @@ with a clear message even where the ``serve`` extra is not installed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ __all__ = [
     "RUNBOOK_NO_TOKEN",
     "RUNBOOK_OPEN_ADDRESS",
     "ServiceSettings",
+    "check_a2a",
     "service_settings",
 ]
 
@@ -66,7 +68,13 @@ def service_settings(
     environ = os.environ if environ is None else environ
     text = listen if listen is not None else config.serve.listen
     if text is None:
+        if config.a2a.serve:
+            raise ConfigError(
+                "a2a.serve is true but nothing is served: the A2A endpoint is mounted on the "
+                "HTTP service, so give --listen HOST:PORT (or [serve] listen)"
+            )
         return None
+    check_a2a(config)
     try:
         host, port = parse_listen(text, "--listen" if listen is not None else "serve.listen")
     except ValueError as exc:
@@ -95,3 +103,17 @@ def service_settings(
             f"(and the variable it names) or listen on 127.0.0.1; {RUNBOOK_OPEN_ADDRESS}"
         )
     return ServiceSettings(host, port, token, config.serve.replay_events)
+
+
+def check_a2a(config: Config) -> None:
+    """:class:`ConfigError` naming the extra when ``[a2a] serve`` is on and the A2A SDK is
+    not installed (looked for, not imported: this module imports no web library)."""
+    if config.a2a.serve and (
+        importlib.util.find_spec("a2a") is None
+        or importlib.util.find_spec("a2a.server") is None
+        or importlib.util.find_spec("sse_starlette") is None
+    ):
+        raise ConfigError(
+            "a2a.serve is true but the A2A SDK (a2a-sdk with its http-server extra) is not "
+            "installed: install loopd with its a2a extra, pip install '.[a2a]'"
+        )
