@@ -29,12 +29,15 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import msgspec
+
 from actors.core.budget import Budgets, family_of
 from actors.core.config import DEFAULT_AGENT, Config
 from actors.core.context_effects import ContextEffect, IfGone, Reply, ToSession, ToStore
 from actors.core.dispatch import depth_of, descends_from
 from actors.core.holds import Hold, HoldTable
 from actors.core.spawn import CHILD_BACKGROUND
+from actors.core.turn_effects import Emit
 from messages import (
     BackgroundLoaded,
     BackgroundReport,
@@ -48,6 +51,7 @@ from messages import (
     LoadBackground,
     RunTurn,
     SaveBackground,
+    SubagentFinished,
     SubagentStarted,
     ToolDone,
     ToolResult,
@@ -90,6 +94,7 @@ class _Saving:
 
     kind: str  # "start": a child to launch; "report": a report to queue; "drop": nothing
     row: BackgroundRow
+    finished: SubagentFinished | None = None  # told once the report is stored
 
 
 class Background:
@@ -130,9 +135,16 @@ class Background:
         if self._counts[family] == 0:
             del self._counts[family]
 
-    def saving(self, request_id: int, kind: str, row: BackgroundRow) -> None:
-        """Store request ``request_id`` (``kind``) about ``row`` is on its way."""
-        self._saving[request_id] = _Saving(kind, row)
+    def saving(
+        self,
+        request_id: int,
+        kind: str,
+        row: BackgroundRow,
+        finished: SubagentFinished | None = None,
+    ) -> None:
+        """Store request ``request_id`` (``kind``) about ``row`` is on its way; ``finished``
+        is told once it is stored."""
+        self._saving[request_id] = _Saving(kind, row, finished)
 
     def saved(self, request_id: int) -> _Saving | None:
         """The request ``request_id`` was answered; what it was about."""
@@ -256,9 +268,11 @@ class BackgroundSpawns:
         row = BackgroundRow(hold.session, hold.parent, hold.call_id)
         return self._save(row, "start")
 
-    def _save(self, row: BackgroundRow, kind: str) -> Effects:
+    def _save(
+        self, row: BackgroundRow, kind: str, finished: SubagentFinished | None = None
+    ) -> Effects:
         request_id = next(self.requests)
-        self.background.saving(request_id, kind, row)
+        self.background.saving(request_id, kind, row, finished)
         if kind == "drop":
             return [ToStore(DropBackground(row.child, self.address, request_id))]
         return [ToStore(SaveBackground(row.child, row, self.address, request_id))]
@@ -271,12 +285,15 @@ class BackgroundSpawns:
         row = saving.row
         if saving.kind == "start":
             return self._saved_start(row, msg.error)
+        told = saving.finished
         if saving.kind == "report" and not msg.error:
             self.background.queue(row)
-            return self._deliver(row.parent)
-        # A report the store refused stays where it was (a running row, read at the next
-        # start); a dropped row needs nothing more.
-        return []
+            return [*([Emit(told)] if told else []), *self._deliver(row.parent)]
+        if told is not None and msg.error:
+            # A report the store refused stays where it was (a running row, read at the next
+            # start, which reports the child failed): told failed now, as it will be.
+            told = msgspec.structs.replace(told, completed=False, reason=FailReason.STORE_ERROR)
+        return [Emit(told)] if told is not None else []
 
     def _saved_start(self, row: BackgroundRow, error: str) -> Effects:
         hold = self.holds.get(row.child)
@@ -303,13 +320,21 @@ class BackgroundSpawns:
     # The outcome: stored, then delivered.
 
     def report(
-        self, parent: str, child: str, call_id: int, text: str | None, untrusted: bool
+        self,
+        parent: str,
+        child: str,
+        call_id: int,
+        text: str | None,
+        untrusted: bool,
+        finished: SubagentFinished | None = None,
     ) -> Effects:
         """A background child ended: store its report (``text``), or drop its row (None: it
-        was cancelled with its parent or an ancestor, and reports nothing)."""
+        was cancelled with its parent or an ancestor, and reports nothing); ``finished`` is
+        told once that is stored."""
         if text is None:
-            return self._save(BackgroundRow(child, parent, call_id), "drop")
-        return self._save(BackgroundRow(child, parent, call_id, text, untrusted), "report")
+            return self._save(BackgroundRow(child, parent, call_id), "drop", finished)
+        row = BackgroundRow(child, parent, call_id, text, untrusted)
+        return self._save(row, "report", finished)
 
     def _deliver(self, parent: str) -> Effects:
         """Deliver ``parent``'s queued reports: into its running turn, or as a new turn of it

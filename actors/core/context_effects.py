@@ -23,7 +23,7 @@ from typing import Any
 
 from actors.core.approvals import ArmApprovalTimer, CancelApprovalTimer
 from actors.core.turn_effects import Emit
-from messages import RunTurn, SessionRecord, ToolSpec
+from messages import RunTurn, SessionRecord, SubagentFinished, ToolSpec
 
 __all__ = [
     "ArmApprovalTimer",
@@ -182,6 +182,8 @@ class Report:
     call_id: int
     text: str | None
     untrusted: bool = False
+    finished: SubagentFinished | None = None
+    """Its ``SubagentFinished``, told once the report is stored (SPEC 18)."""
 
 
 ContextEffect = (

@@ -120,7 +120,8 @@ class Hold:
         if not self.background:
             return ToSession(self.parent, reply)
         text = None if self.silent else subagent_result_text(reply)
-        return Report(self.parent, self.session, self.call_id, text, reply.untrusted)
+        finished = self._finished(reply)
+        return Report(self.parent, self.session, self.call_id, text, reply.untrusted, finished)
 
     def first_run(self, baseline: Baseline, reply_to: str) -> tuple[SessionRecord, RunTurn]:
         """A new child's record, not stored yet, and its first turn on it.
@@ -174,23 +175,21 @@ class Hold:
             effects.append(Reply(self.reply_to, TurnFailed(self.session, reason, detail)))
             return effects
         failed = SubagentFailed(self.parent, self.call_id, self.session, reason, False, detail)
-        effects += [*self._finished(failed), self._to_parent(failed)]
+        effects.append(self._to_parent(failed))
         return effects
 
-    def _finished(self, reply: SubagentCompleted | SubagentFailed) -> list[ContextEffect]:
-        """A background child's ``SubagentFinished``, published here; a foreground child's is
-        the parent's to publish, once it has stored the answer (SPEC 18)."""
-        if not self.background:
-            return []
+    def _finished(self, reply: SubagentCompleted | SubagentFailed) -> SubagentFinished:
+        """A background child's ``SubagentFinished``, told by the Context once its report is
+        stored; a foreground child's is the parent's to tell, once it has stored the answer
+        (SPEC 18)."""
         assert self.parent is not None
-        finished = SubagentFinished(
+        return SubagentFinished(
             session=self.parent,
             call_id=self.call_id,
             child=self.session,
             completed=isinstance(reply, SubagentCompleted),
             reason=reply.reason if isinstance(reply, SubagentFailed) else None,
         )
-        return [Emit(finished)]
 
     def child_answer(
         self, outcome: TurnOutcome, untrusted: bool, summary_chars: int
@@ -221,7 +220,7 @@ class Hold:
                 outcome.usage,
             )
         # A background child's event first, so it reaches the bus before the report's turn.
-        return [*self._finished(reply), self._to_parent(reply)]
+        return [self._to_parent(reply)]
 
 
 class HoldTable:

@@ -301,7 +301,12 @@ class ContextActor(DispatchedActor):
             elif isinstance(effect, Report):
                 self._carry_out(
                     self.state.report(
-                        effect.parent, effect.child, effect.call_id, effect.text, effect.untrusted
+                        effect.parent,
+                        effect.child,
+                        effect.call_id,
+                        effect.text,
+                        effect.untrusted,
+                        effect.finished,
                     )
                 )
             elif isinstance(effect, UpdateMemory):

@@ -95,7 +95,8 @@ class Shell:
                 done += self.run(list(effect.then))
             elif isinstance(effect, Report):
                 r = effect
-                done += self.run(self.state.report(r.parent, r.child, r.call_id, r.text, False))
+                report = self.state.report(r.parent, r.child, r.call_id, r.text, False, r.finished)
+                done += self.run(report)
         return done
 
     def stored(self, effects: list[ContextEffect]) -> list[ContextEffect]:
@@ -153,13 +154,18 @@ def test_a_background_call_is_stored_then_answered_started(tmp_path) -> None:
     assert isinstance(run, RunTurn) and run.pool == "background"
 
 
+def finished_events(effects) -> list[SubagentFinished]:
+    return [e.event for e in of(Emit, effects) if isinstance(e.event, SubagentFinished)]
+
+
 def test_a_report_a_turn_did_not_store_becomes_one_new_turn(tmp_path) -> None:
     shell = Shell(tmp_path)
     shell.user_turn("p", "w")
     shell.background_child("p", 1)
     ended = shell.ended("sub-p-1", TurnCompleted("sub-p-1", "6000"))
-    assert of(Emit, ended)[0].event.completed
+    assert not finished_events(ended)  # told once its report is stored, not before
     delivered = shell.stored(ended)
+    assert [f.completed for f in finished_events(delivered)] == [True]
     assert told(delivered) == [BackgroundReport("p", "sub-p-1", "sub-p-1 completed\n6000", False)]
     # The parent's turn ended before its next request: the report was not stored by it.
     after = shell.ended("p", TurnCompleted("p", "bye"))
@@ -197,10 +203,26 @@ def test_cancelling_the_parent_silences_its_background_children(tmp_path) -> Non
     assert family == ("p", "sub-p-1")
     assert [type(m) for m in told(effects)] == [Cancel, Cancel]
     ended = shell.ended("sub-p-1", TurnFailed("sub-p-1", FailReason.CANCELLED))
-    finished = [e.event for e in of(Emit, ended) if isinstance(e.event, SubagentFinished)]
-    assert [(f.completed, f.reason) for f in finished] == [(False, FailReason.CANCELLED)]
     assert [type(e.message) for e in of(ToStore, ended)] == [DropBackground]
-    assert told(shell.stored(ended)) == []
+    dropped = shell.stored(ended)
+    finished = finished_events(dropped)
+    assert [(f.completed, f.reason) for f in finished] == [(False, FailReason.CANCELLED)]
+    assert told(dropped) == []
+
+
+def test_a_report_the_store_refuses_is_told_failed_as_the_next_start_reports_it(
+    tmp_path,
+) -> None:
+    shell = Shell(tmp_path)
+    shell.user_turn("p", "w")
+    shell.background_child("p", 1)
+    ended = shell.ended("sub-p-1", TurnCompleted("sub-p-1", "6000"))
+    (save,) = of(ToStore, ended)
+    refused = BackgroundSaved("sub-p-1", save.message.request_id, "disk full")
+    effects = shell.run(shell.state.background_saved(refused))
+    finished = finished_events(effects)
+    assert [(f.completed, f.reason) for f in finished] == [(False, FailReason.STORE_ERROR)]
+    assert told(effects) == []  # nothing delivered: the row waits for the next start
 
 
 def test_a_background_child_cancelled_itself_still_reports_failed(tmp_path) -> None:

@@ -30,6 +30,7 @@ import random
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -44,6 +45,7 @@ from actors import (
 )
 from actors.core.config_tables import ApprovalsConfig, LoopConfig
 from actors.core.turn import COMPACT_INSTRUCTION
+from actors.stores.sqlite import SessionStore
 from actors.testing import ScriptedModel, calls, reply
 from actors.testing.script import Answer
 from messages import (
@@ -240,7 +242,15 @@ def main(argv: list[str]) -> int:
         if isinstance(event, ApprovalRequested):
             requests.put(event)
 
-    journal.write("starting", {"tag": mode})
+    # What the store holds as running before the start ends it: the checker tells a turn the
+    # kill cut off from one whose end was stored just before the kill but never told.
+    db = Path(home) / "loopd.db"
+    if db.exists():
+        with SessionStore(db) as store:
+            running = sorted(record.id for record in store.interrupted())
+    else:
+        running = []
+    journal.write("starting", {"tag": mode, "running": running})
     # Subscribed from the start: the turns the last kill cut off are told ended here.
     rt = Runtime.start(
         config,
