@@ -63,6 +63,7 @@ def test_a_version_4_store_gains_the_running_mark(tmp_path: Path) -> None:
         store.create("mm", BASELINE, 0)
     with raw_db(db) as raw:  # made into version 4's: no running column
         raw.execute("ALTER TABLE sessions DROP COLUMN running")
+        raw.execute("DROP TABLE a2a_tasks")
         raw.execute("PRAGMA user_version = 4")
     with SessionStore(db) as store:
         assert store.interrupted() == []  # nothing ran under version 4's eyes
