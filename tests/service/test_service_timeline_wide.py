@@ -4,6 +4,7 @@ one still running marked so while the 49 others show a completed turn."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,7 +108,7 @@ def test_a_family_of_50_sessions_is_one_readable_row_each(wide) -> None:
         assert r["id"] == r["session"] and r["session"] in r["title"]
         assert r["font"] >= 11 and r["label_height"] >= r["font"]  # its name is as tall as text
     tops = sorted(rows, key=lambda r: r["top"])
-    for upper, lower in zip(tops, tops[1:], strict=False):
+    for upper, lower in itertools.pairwise(tops):
         assert lower["top"] >= upper["bottom"] - 0.5, (upper["session"], lower["session"])
     # The parent comes first, each child right after its parent's row.
     order = [r["session"] for r in tops]
