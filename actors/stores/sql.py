@@ -36,6 +36,7 @@ import msgspec
 
 from actors.stores.approval_rows import ApprovalRows
 from actors.stores.background_rows import BackgroundRows
+from actors.stores.remote_rows import RemoteRows
 from actors.stores.base import (
     SessionExists,
     SessionInfo,
@@ -86,7 +87,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore(BackgroundRows, ApprovalRows):
+class SqlSessionStore(BackgroundRows, ApprovalRows, RemoteRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from actors.stores.base import StoreError, StoreFileReplaced
+from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, baseline_hash
 
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "SQLITE", "SessionStore", "baseline_hash"]
@@ -29,11 +30,11 @@ log = logging.getLogger(__name__)
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
 in ``sessions``, no ``parent``), version 2 (no ``agent``) and version 3 (no ``background`` and
 no ``approvals`` table) are migrated when a store is opened; a session stored before version 3
-runs the ``default`` agent."""
+runs the ``default`` agent. Version 5 adds the ``remote_tasks`` table (A2A children)."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -178,6 +179,9 @@ class SessionStore(SqlSessionStore):
             if 1 <= version < 4:  # version 4 also keeps the calls that wait for a person
                 log.info("store %s: adding the approvals table (schema 4)", self.path)
                 conn.execute(_APPROVALS)
+            # Version 5 (A2A calling out): the remote children's rows (remote_rows).
+            if version < 5:
+                conn.execute(remote_table(SQLITE))
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
