@@ -31,6 +31,7 @@ from messages import (
     TurnCompleted,
     TurnEnded,
 )
+from messages.remote import RemoteTaskRow
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -242,9 +243,7 @@ def test_headers_env_authenticates_and_its_value_is_never_told(
     assert detail == f"remote agent {agents.url('secret')}: its agent card: HTTP 401"
     wrong.stop()
     # Every log record of this process but the test agents' own (their server logs headers).
-    ours = [
-        rec.getMessage() for rec in caplog.records if not rec.name.startswith("a2a.server")
-    ]
+    ours = [rec.getMessage() for rec in caplog.records if not rec.name.startswith("a2a.server")]
     told = repr(r.events) + repr(wrong.events) + "\n".join(ours)
     assert "sekret" not in told and "wrong-value" not in told
 
@@ -280,9 +279,7 @@ def test_cancelling_the_parent_cancels_the_remote_task(
     assert remote_rows(r.config.home) == []
 
 
-def test_child_timeout_cancels_the_remote_task(
-    agents: A2aAgents, run: Callable[..., Run]
-) -> None:
+def test_child_timeout_cancels_the_remote_task(agents: A2aAgents, run: Callable[..., Run]) -> None:
     before = len(agents.recorder.started)
     r = run(agents.url("slow"), loop={"child_timeout_s": 1.0})
     outcome = r.runtime.run_turn("mm", "go", timeout=WAIT)
@@ -390,3 +387,45 @@ def test_parts_text_and_the_task_text() -> None:
     )
     assert remote_task_text("It is 2026-01-01T00:00:00Z.\n\nfind it") == "find it"
     assert remote_task_text("no clock\n\nhere") == "no clock\n\nhere"
+
+
+# --- the store's rows ---------------------------------------------------------------------------
+
+
+def test_remote_rows_are_stored_replaced_and_dropped(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / DB_NAME)
+    try:
+        row = RemoteTaskRow("sub-mm-1", "mm", "http://h/a", "ctx")
+        store.run_batch([("sub-mm-1", lambda cur: store.save_remote_in(cur, row))])
+        assert store.remote_tasks() == (row,)
+        known = RemoteTaskRow("sub-mm-1", "mm", "http://h/a", "ctx", "task-9")
+        store.run_batch([("sub-mm-1", lambda cur: store.save_remote_in(cur, known))])
+        assert store.remote_tasks() == (known,)
+        store.run_batch([("sub-mm-1", lambda cur: store.drop_remote_in(cur, "sub-mm-1"))])
+        assert store.remote_tasks() == ()
+    finally:
+        store.close()
+
+
+def test_a_version_4_store_gains_the_remote_tasks_table(tmp_path: Path) -> None:
+    SessionStore(tmp_path / DB_NAME).close()
+    with sqlite3.connect(tmp_path / DB_NAME) as raw:
+        raw.execute("DROP TABLE remote_tasks")
+        raw.execute("PRAGMA user_version = 4")
+    store = SessionStore(tmp_path / DB_NAME)
+    try:
+        assert store.remote_tasks() == ()
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / DB_NAME) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+
+
+def test_a_top_level_turn_with_a_remote_profile_fails_wrong_agent(
+    agents: A2aAgents, run: Callable[..., Run]
+) -> None:
+    r = run(agents.url("echo"))
+    before = len(agents.recorder.started)
+    with pytest.raises(ValueError, match=r"is a remote agent .* only a subagent call runs it"):
+        r.runtime.run_turn("top", "hi", timeout=WAIT, agent="far")
+    assert len(agents.recorder.started) == before  # nothing was sent

@@ -312,8 +312,7 @@ class AgentConfig(Section, frozen=True):
                 raise ConfigError(f"{key}.headers_env: {header!r} is not an HTTP header name")
             if not ENV_NAME.fullmatch(variable):
                 raise ConfigError(
-                    f"{key}.headers_env.{header}: {variable!r} is not an environment variable "
-                    "name"
+                    f"{key}.headers_env.{header}: {variable!r} is not an environment variable name"
                 )
 
     def _check_output(self, key: str) -> None:

@@ -47,9 +47,9 @@ from actors.runtime.checks import (
 from actors.runtime.parts import (
     ENGINES,
     LIBRARY_LOGGERS,
+    RemoteAgents,
     _context_tokens,
     _engine,
-    RemoteAgents,
     _mcp_service,
     default_tracer,
     resolve_config,

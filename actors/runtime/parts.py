@@ -17,7 +17,7 @@ from actors.models.base import ModelFailure
 from actors.models.http import read_total_slots
 from actors.models.llama import read_props
 from actors.tracing.base import NoTracer, Tracer
-from messages.remote import DropRemoteTask, ListRemoteTasks
+from messages.remote import DropRemoteTask, ListRemoteTasks, RemoteTaskRow
 
 if TYPE_CHECKING:
     import pykka
@@ -123,11 +123,14 @@ class RemoteAgents:
         if self.service is not None and self.directory is not None:
             self.service.start()
             self.directory.register(A2A, self.service)
-        rows = store.ask(ListRemoteTasks(), timeout=30)
+        asked = store.ask(ListRemoteTasks(), block=True, timeout=30)
+        rows: tuple[RemoteTaskRow, ...] = tuple(asked)
         if not rows:
             return
         if self.service is None:
-            log.warning("loopd: %d remote tasks a crash left; no remote agent to cancel them", len(rows))
+            log.warning(
+                "loopd: %d remote tasks a crash left; no remote agent to cancel them", len(rows)
+            )
             for row in rows:
                 store.tell(DropRemoteTask(row.child, "", 0))
             return

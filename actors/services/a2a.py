@@ -108,7 +108,7 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         finally:
             await response.aclose()
         kind = response.headers.get("content-type", "")
-        if response.is_success and ("json" in kind or body[:1] in (b"{", b"[")):
+        if response.is_success and ("json" in kind or bytes(body[:1]) in (b"{", b"[")):
             try:
                 decode_json(bytes(body), max_bytes=self.max_bytes)
             except OutOfBounds as exc:
@@ -231,10 +231,10 @@ class A2aService:
             self._follows[message.session] = follow
             follow.job = self._loop.create_task(self._follow(follow))
         elif isinstance(message, RemoteCancel):
-            follow = self._follows.get(message.session)
-            if follow is not None and follow.job is not None and not follow.cancelled:
-                follow.cancelled = True
-                follow.job.cancel()
+            running = self._follows.get(message.session)
+            if running is not None and running.job is not None and not running.cancelled:
+                running.cancelled = True
+                running.job.cancel()
         elif isinstance(message, RemoteTaskSaved):
             waiter = self._saves.pop(message.request_id, None)
             if waiter is not None and not waiter.done():
@@ -318,7 +318,9 @@ class A2aService:
             async with self._http(headers, MAX_TASK_BYTES) as http:
                 client = await self._client(msg.url, headers, http)
                 try:
-                    await self._save(RemoteTaskRow(msg.session, msg.parent, msg.url, msg.context_id))
+                    await self._save(
+                        RemoteTaskRow(msg.session, msg.parent, msg.url, msg.context_id)
+                    )
                     ended, cancel = await self._run(follow, client)
                 except asyncio.CancelledError:
                     await self._cancel_remote(client, follow.task_id, msg.url)
@@ -366,9 +368,7 @@ class A2aService:
             raise RemoteRefused("it answered a task without an id")
         follow.task_id = task.id
         self.directory.tell(msg.reply_to, RemoteTaskStarted(msg.session, task.id))
-        await self._save(
-            RemoteTaskRow(msg.session, msg.parent, msg.url, msg.context_id, task.id)
-        )
+        await self._save(RemoteTaskRow(msg.session, msg.parent, msg.url, msg.context_id, task.id))
         wait = _POLL_FIRST_S
         while True:
             step = task_step(MessageToDict(task), self.result_cap)
@@ -417,4 +417,3 @@ class A2aService:
             )
         finally:
             self._drop(row.child)
-

@@ -208,4 +208,3 @@ class RemoteSessionActor(DispatchedActor):
         if s.parent is not None:
             self.retired = True
             self._stop()
-

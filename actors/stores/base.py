@@ -18,8 +18,8 @@ import msgspec
 
 from messages.approvals import StoredApproval
 from messages.background import BackgroundRow
-from messages.remote import RemoteTaskRow
 from messages.chat import Baseline, ChatMessage
+from messages.remote import RemoteTaskRow
 from messages.runtime import SessionRecord
 
 __all__ = [

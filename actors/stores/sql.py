@@ -36,7 +36,6 @@ import msgspec
 
 from actors.stores.approval_rows import ApprovalRows
 from actors.stores.background_rows import BackgroundRows
-from actors.stores.remote_rows import RemoteRows
 from actors.stores.base import (
     SessionExists,
     SessionInfo,
@@ -46,6 +45,7 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.dialect import Dialect
+from actors.stores.remote_rows import RemoteRows
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
 from messages.runtime import SessionRecord
