@@ -281,7 +281,7 @@ def test_cancelling_the_parent_cancels_the_remote_task(
 
 def test_child_timeout_cancels_the_remote_task(agents: A2aAgents, run: Callable[..., Run]) -> None:
     before = len(agents.recorder.started)
-    r = run(agents.url("slow"), loop={"child_timeout_s": 1.0})
+    r = run(agents.url("slow"), loop={"child_timeout_s": 3.0})
     outcome = r.runtime.run_turn("mm", "go", timeout=WAIT)
     assert outcome.content == "sub-mm-1 failed"  # type: ignore[union-attr]
     finished = r.finished()

@@ -24,7 +24,14 @@ from actors.core.config import AgentConfig
 from actors.core.remote import MAX_CARD_BYTES, MAX_TASK_BYTES
 from actors.dispatcher.directory import A2A, STORE, Directory
 from actors.services.a2a import A2aService
-from messages.remote import RemoteSend, RemoteTaskEnded, RemoteTaskSaved, SaveRemoteTask
+from messages.remote import (
+    RemoteCancel,
+    RemoteSend,
+    RemoteTaskEnded,
+    RemoteTaskRow,
+    RemoteTaskSaved,
+    SaveRemoteTask,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -171,3 +178,26 @@ def test_any_hostile_json_as_a_card_fails_the_child(
     assert ended.detail.startswith(f"remote agent {agents.url('hostile')}: ")
     json.dumps(ended.detail)  # a reason is plain text
     check_text(ended.detail, "the reason")
+
+
+def test_an_orphan_without_a_task_id_is_found_by_its_context_and_cancelled(
+    agents: A2aAgents, service: tuple[A2aService, Directory]
+) -> None:
+    """A crash between the send and the task's id: the next start finds the remote task by
+    the contextId it was sent in (ListTasks) and cancels it."""
+    svc, directory = service
+    inbox = Inbox()
+    directory.register("session:sub-mm-2", inbox)
+    before = len(agents.recorder.started)
+    try:
+        slow = agents.url("slow")
+        svc.tell(RemoteSend("sub-mm-2", "mm", "h", slow, "go", "ctx-orphan", "session:sub-mm-2"))
+        while len(agents.recorder.started) <= before:
+            inbox.got.get(timeout=WAIT)
+        task_id = agents.recorder.started[before]
+        # Another runtime's leftover row: the same context, no task id.
+        svc.cancel_orphans([RemoteTaskRow("sub-old-1", "old", slow, "ctx-orphan")])
+        assert agents.recorder.wait_cancelled(task_id, timeout=10) == task_id
+    finally:
+        svc.tell(RemoteCancel("sub-mm-2"))
+        directory.unregister("session:sub-mm-2", inbox)
