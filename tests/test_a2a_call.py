@@ -20,7 +20,13 @@ from a2a_agents import A2aAgents
 
 from actors import Config, Runtime
 from actors.core.config import AgentConfig, ConfigError, LoopConfig
-from actors.core.remote import card_interfaces, parts_text, remote_task_text, task_step
+from actors.core.remote import (
+    card_interfaces,
+    on_origin,
+    parts_text,
+    remote_task_text,
+    task_step,
+)
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import ScriptedModel, call, reply
 from messages import (
@@ -429,3 +435,11 @@ def test_a_top_level_turn_with_a_remote_profile_fails_wrong_agent(
     with pytest.raises(ValueError, match=r"is a remote agent .* only a subagent call runs it"):
         r.runtime.run_turn("top", "hi", timeout=WAIT, agent="far")
     assert len(agents.recorder.started) == before  # nothing was sent
+
+
+def test_with_headers_env_a_card_pointing_elsewhere_is_refused() -> None:
+    here = {"url": "http://h:80/a/", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+    there = {"url": "http://evil.example/a/", "protocolBinding": "JSONRPC", "protocolVersion": "1"}
+    assert on_origin([there, here], "http://H/a") == [here]
+    refused = on_origin([there], "http://h/a")
+    assert isinstance(refused, str) and "'http://evil.example/a/' is on another origin" in refused

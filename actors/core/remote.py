@@ -5,7 +5,8 @@ functions JSON values (the card as the remote sent it, a task as ``MessageToDict
 that have passed the bounded decode, and carries out what they say. Nothing here does I/O.
 
 - :func:`card_interfaces`: the card's A2A 1.x JSON-RPC interfaces, or why it has none (a card
-  of A2A 0.3 only counts as not 1.0);
+  of A2A 0.3 only counts as not 1.0); :func:`on_origin`: those a profile with ``headers_env``
+  may send its headers to (its ``a2a_url``'s origin);
 - :func:`task_step`: what a task in its state means for the child: keep waiting, completed with
   its artifacts' text, failed with ``<state>: <message>``, or (``INPUT_REQUIRED``) cancelled
   remotely and failed with the remote's question;
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -27,6 +29,8 @@ __all__ = [
     "MAX_TASK_BYTES",
     "TaskStep",
     "card_interfaces",
+    "on_origin",
+    "origin",
     "parts_text",
     "remote_reason",
     "remote_task_text",
@@ -79,6 +83,32 @@ def card_interfaces(card: Any) -> list[dict[str, Any]] | str:
     if not found:
         return "its agent card has no A2A 1.x JSON-RPC interface (not A2A 1.0)"
     return found
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """``url``'s origin: scheme, host and port (the scheme's default port when none is given)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def on_origin(interfaces: list[dict[str, Any]], url: str) -> list[dict[str, Any]] | str:
+    """The interfaces on ``url``'s origin, or why there is none: a profile's ``headers_env``
+    values are sent to the origin of its ``a2a_url`` only, never where a card points."""
+    home = origin(url)
+    kept = [entry for entry in interfaces if origin(str(entry["url"])) == home]
+    if kept:
+        return kept
+    other = str(interfaces[0]["url"])[:200]
+    return (
+        f"its agent card's interface {other!r} is on another origin; with headers_env, "
+        "loopd sends requests only to the origin of a2a_url"
+    )
 
 
 def parts_text(parts: Any) -> str:

@@ -55,6 +55,7 @@ from actors.core.remote import (
     MAX_CARD_BYTES,
     MAX_TASK_BYTES,
     card_interfaces,
+    on_origin,
     parts_text,
     remote_reason,
     task_step,
@@ -284,6 +285,8 @@ class A2aService:
         except OutOfBounds as exc:
             raise RemoteRefused(f"its agent card: {exc.detail}") from None
         interfaces = card_interfaces(card)
+        if not isinstance(interfaces, str) and set(headers) - {"Accept-Encoding"}:
+            interfaces = on_origin(interfaces, url)  # a secret goes nowhere the card says
         if isinstance(interfaces, str):
             raise RemoteRefused(interfaces)
         try:
