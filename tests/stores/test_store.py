@@ -1042,7 +1042,7 @@ def test_a_version_1_postgresql_store_gains_the_agent_column(
         ]
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
-    assert row == (str(PG_SCHEMA_VERSION),) == ("3",)
+    assert row == (str(PG_SCHEMA_VERSION),) == ("4",)
 
 
 # --- Memory and scheduler state in a PostgreSQL that restarts or goes away --------------------
@@ -1127,3 +1127,25 @@ def test_memory_and_scheduler_state_reconnect_after_a_postgresql_restart(
             memory.close()
     for request in rt.model.requests:
         assert "likes tea" in (request.messages[0].content or "")
+
+
+# --- remote children's rows (A2A calling out) ---------------------------------------------------
+
+
+def test_remote_task_rows_are_stored_replaced_and_dropped(store: Any) -> None:
+    from messages.remote import RemoteTaskRow
+
+    row = RemoteTaskRow("sub-mm-1", "mm", "http://h/a", "ctx")
+    known = RemoteTaskRow("sub-mm-1", "mm", "http://h/a", "ctx", "task-9")
+    other = RemoteTaskRow("sub-nn-2", "nn", "http://h/b", "ctx-2", "task-1")
+    store.run_batch([("sub-mm-1", lambda cur: store.save_remote_in(cur, row))])
+    assert store.remote_tasks() == (row,)
+    store.run_batch(
+        [
+            ("sub-mm-1", lambda cur: store.save_remote_in(cur, known)),
+            ("sub-nn-2", lambda cur: store.save_remote_in(cur, other)),
+        ]
+    )
+    assert store.remote_tasks() == (known, other)
+    store.run_batch([("sub-mm-1", lambda cur: store.drop_remote_in(cur, "sub-mm-1"))])
+    assert store.remote_tasks() == (other,)
