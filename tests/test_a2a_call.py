@@ -443,3 +443,23 @@ def test_with_headers_env_a_card_pointing_elsewhere_is_refused() -> None:
     assert on_origin([there, here], "http://H/a") == [here]
     refused = on_origin([there], "http://h/a")
     assert isinstance(refused, str) and "'http://evil.example/a/' is on another origin" in refused
+
+
+def test_the_cli_line_of_a_remote_failure_names_its_reason() -> None:
+    from actors.shells.render import render_event
+
+    failed = SubagentFinished(
+        session="mm",
+        call_id=1,
+        child="sub-mm-1",
+        completed=False,
+        reason=FailReason.REMOTE_ERROR,
+        detail="remote agent http://h/a: its agent card: HTTP 401",
+    )
+    assert render_event(failed).endswith(
+        "┴ sub-mm-1 failed (remote_error): remote agent http://h/a: its agent card: HTTP 401"
+    )
+    local = SubagentFinished(
+        session="mm", call_id=1, child="sub-mm-1", completed=False, reason=FailReason.CRASHED
+    )
+    assert render_event(local).endswith("┴ sub-mm-1 failed (crashed)")

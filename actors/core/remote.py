@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from actors.core.bounded import check_text, check_value
+from actors.core.text import cap_chars, neutralise
 
 __all__ = [
     "MAX_CARD_BYTES",
@@ -55,9 +56,15 @@ def remote_task_text(child_text: str) -> str:
     return task if sep and head.startswith("It is ") and head.endswith(".") else child_text
 
 
+MAX_REASON_CHARS = 2000
+"""The longest ``what`` of a reason: a remote's words are capped and neutralised (they reach a
+person's terminal and the child's transcript)."""
+
+
 def remote_reason(url: str, what: str) -> str:
-    """The reason a remote child failed: its agent's URL and what went wrong."""
-    return f"remote agent {url}: {what}"
+    """The reason a remote child failed: its agent's URL and what went wrong (neutralised:
+    no terminal escapes, control characters or chat-template tokens, at most 2,000 chars)."""
+    return f"remote agent {url}: {cap_chars(neutralise(what), MAX_REASON_CHARS)}"
 
 
 def card_interfaces(card: Any) -> list[dict[str, Any]] | str:
