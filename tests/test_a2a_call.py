@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -222,10 +223,10 @@ def test_a_remote_that_is_not_a2a_1_0_fails_the_child_at_once_naming_the_url(
 def test_an_unreachable_remote_fails_the_child_naming_the_url(
     run: Callable[..., Run],
 ) -> None:
-    from a2a_agents import free_port
-
-    url = f"http://127.0.0.1:{free_port()}/gone"
-    detail = failed_detail(run(url))
+    with socket.socket() as held:  # bound, never listening: refused, and nobody else's port
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}/gone"
+        detail = failed_detail(run(url))
     assert detail.startswith(f"remote agent {url}: it cannot be reached")
 
 
