@@ -156,13 +156,16 @@ class SubagentStarted(_Event, frozen=True):
 
 
 class SubagentFinished(_Event, frozen=True):
-    """``child`` answered ``session``'s call ``call_id``: completed, or failed for ``reason``."""
+    """``child`` answered ``session``'s call ``call_id``: completed, or failed for ``reason``;
+    ``detail`` says why it failed (empty for a local child that completed); a remote child's
+    names the remote agent's URL and what went wrong."""
 
     session: SessionId
     call_id: CallId
     child: SessionId
     completed: bool
     reason: FailReason | None = None
+    detail: str = ""
 
     @property
     def parent(self) -> str:

@@ -54,6 +54,9 @@ class FailReason(enum.StrEnum):
     WRONG_OUTPUT = "wrong_output"
     """The turn named an output schema that is not the stored session's (or the session has
     none); nothing was stored. A turn that names none keeps the session's."""
+    REMOTE_ERROR = "remote_error"
+    """A remote (A2A) child's agent failed its task, asked for input, or could not be reached
+    or understood; the detail names its URL and what went wrong."""
 
 
 class StartTurn(Message, frozen=True):

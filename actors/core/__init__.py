@@ -10,8 +10,8 @@ the Context's decisions (``context_state``, its effects in ``context_effects``, 
 in ``holds``, background subagents in ``background``), the spawn rules (``spawn``), the token
 budget (``budget``), usage sums (``usage``), the slot table (``slots``), which idle sessions to
 passivate (``passivation``), which scheduled jobs are due (``schedule``), text hygiene
-(``text``), capped file reads (``files``) and the bounded decode every door uses
-(``bounded``: size, depth, int64, valid Unicode).
+(``text``), a remote A2A child's decisions (``remote``), capped file reads (``files``) and
+the bounded decode every door uses (``bounded``: size, depth, int64, valid Unicode).
 
 Nothing here owns a thread, a socket or a database, and nothing talks to an actor: a test drives
 it without threads. It imports only ``messages``, itself and small libraries (msgspec, croniter).

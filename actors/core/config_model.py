@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -22,8 +23,12 @@ from actors.core.config_tables import check_tool_patterns
 from actors.core.output import SchemaError, final_answer_spec, schema_of
 from messages import SlotPool, check_session_id
 
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header name (RFC 9110's token)."""
+
 __all__ = [
     "DEFAULT_AGENT",
+    "HEADER_NAME",
     "RESERVED_BODY_KEYS",
     "AgentConfig",
     "ModelConfig",
@@ -249,6 +254,14 @@ class AgentConfig(Section, frozen=True):
     approve: tuple[str, ...] = ()
     """More tool names whose calls wait for a person in this profile's sessions (added to
     ``approvals.tools``)."""
+    a2a_url: str | None = None
+    """A remote A2A agent's base URL: this profile's children are proxies of one remote task
+    each (its card at ``<a2a_url>/.well-known/agent-card.json``); nothing runs locally."""
+    headers_env: dict[str, str] = field(default_factory=dict)
+    """With ``a2a_url``: header name -> the environment variable holding its value, sent with
+    every request to the remote agent."""
+    trusted: bool = False
+    """With ``a2a_url``: False marks the parent untrusted with every remote result."""
 
     def check(self, name: str) -> None:
         """The rules between keys, checked by the :class:`Config` that holds this profile as
@@ -280,6 +293,27 @@ class AgentConfig(Section, frozen=True):
             raise ConfigError(f"{key}.tools names a tool twice")
         check_tool_patterns(self.approve, f"{key}.approve")
         self._check_output(key)
+        self._check_remote(key)
+
+    def _check_remote(self, key: str) -> None:
+        """``a2a_url`` an http(s) URL; ``headers_env`` and ``trusted`` only with it, each header
+        a header name and each variable a variable name (as ``[mcp.NAME] headers_env``)."""
+        if self.a2a_url is None:
+            for name in ("headers_env", "trusted"):
+                if getattr(self, name):
+                    raise ConfigError(f"{key}.{name} is for a remote agent: set a2a_url too")
+            return
+        check_base_url(self.a2a_url, f"{key}.a2a_url")
+        typed = [n for n in ("output", "output_schema", "output_schema_file") if getattr(self, n)]
+        if typed:
+            raise ConfigError(f"{key}.{typed[0]}: a remote agent (a2a_url) answers text")
+        for header, variable in self.headers_env.items():
+            if not HEADER_NAME.fullmatch(header):
+                raise ConfigError(f"{key}.headers_env: {header!r} is not an HTTP header name")
+            if not ENV_NAME.fullmatch(variable):
+                raise ConfigError(
+                    f"{key}.headers_env.{header}: {variable!r} is not an environment variable name"
+                )
 
     def _check_output(self, key: str) -> None:
         """At most one of ``output``, ``output_schema`` and ``output_schema_file``; a schema

@@ -189,6 +189,7 @@ class Hold:
             child=self.session,
             completed=isinstance(reply, SubagentCompleted),
             reason=reply.reason if isinstance(reply, SubagentFailed) else None,
+            detail=reply.detail if isinstance(reply, SubagentFailed) else "",
         )
 
     def child_answer(

@@ -87,6 +87,7 @@ from messages import (
     ProposedCall,
     Resume,
     SubagentCompleted,
+    SubagentFailed,
     SubagentFinished,
     SubagentResult,
     ToolCall,
@@ -127,6 +128,7 @@ def subagent_finished(session: str, result: SubagentResult, *, answered: bool) -
         child=result.child,
         completed=answered and completed,
         reason=reason,
+        detail=result.detail if isinstance(result, SubagentFailed) else "",
     )
 
 

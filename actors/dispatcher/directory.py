@@ -13,6 +13,7 @@ import threading
 from typing import Any, Protocol
 
 __all__ = [
+    "A2A",
     "CONTEXT",
     "EVENTS",
     "MCP",
@@ -31,6 +32,7 @@ STORE = "store"
 MODEL = "model"
 PORT = "port"
 MCP = "mcp"  # the MCP service: the calls of every [mcp.NAME] server's tools
+A2A = "a2a"  # the A2A service: every remote agent's task ([agents.NAME] a2a_url)
 EVENTS = "events"
 
 

@@ -49,6 +49,7 @@ from actors.runtime.interrupted import end_interrupted, tell_start_subscribers
 from actors.runtime.parts import (
     ENGINES,
     LIBRARY_LOGGERS,
+    RemoteAgents,
     _context_tokens,
     _engine,
     _mcp_service,
@@ -170,6 +171,7 @@ class Runtime:
         self._log_filter: RedactFilter | None = None
         self._shared_memory: PgMemory | None = None
         self._mcp: McpService | None = None
+        self._a2a = RemoteAgents()  # the A2A service of remote agents: none
         self.tracer: Tracer = NoTracer()
         self.output_types = OutputTypes()
         """The Python types of output schemas, shared with the sessions (msgspec validates
@@ -322,6 +324,7 @@ class Runtime:
         refs: dict[str, pykka.ActorRef[Any]] = {}
         secrets = config.secrets()
         mcp = _mcp_service(config, registry, directory)
+        a2a = RemoteAgents(config, directory)
         service = ModelService(
             chat_model,
             directory,
@@ -355,6 +358,7 @@ class Runtime:
             directory.register(EVENTS, EventSink(refs[EVENTS], subscribers))
             for address in (STORE, PORT):
                 directory.register(address, refs[address])
+            a2a.start(refs[STORE])  # and the remote tasks a crash left are cancelled
             # The calls that waited for a person when the last runtime stopped: the Context
             # holds their sessions from its first message on (SPEC 11).
             waiting = refs[STORE].ask(ListApprovals(), timeout=30)
@@ -380,6 +384,7 @@ class Runtime:
                         "loopd: MCP servers still starting (they join later): %s", ", ".join(late)
                     )
         except BaseException:
+            a2a.stop()
             if mcp is not None:
                 mcp.stop()
             service.stop()
@@ -395,6 +400,7 @@ class Runtime:
         runtime.tracer = tracer
         runtime.output_types = agents.output_types
         runtime._mcp = mcp
+        runtime._a2a = a2a
         runtime._owns_model = model is None  # a model passed in is the caller's to close
         runtime._log_filter = RedactFilter(secrets)
         for name in LIBRARY_LOGGERS:
@@ -653,6 +659,7 @@ class Runtime:
         if self._mcp is not None:  # every server's process ends here
             self.directory.unregister(MCP, self._mcp)
             self._mcp.stop(timeout=left())
+        self._a2a.stop(left())  # every remote task still followed is cancelled
         if self._owns_model:
             self.model.close()
         rest = [self._refs[address].stop(block=False) for address in (PORT, STORE, EVENTS)]

@@ -1,5 +1,6 @@
 """The parts a runtime is wired from, picked here and nowhere else: the config as resolved
-against the model server, the tracer, a cluster engine (by entry point), the MCP service."""
+against the model server, the tracer, a cluster engine (by entry point), the MCP service, the
+A2A service of remote agents."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from actors.models.base import ModelFailure
 from actors.models.http import read_total_slots
 from actors.models.llama import read_props
 from actors.tracing.base import NoTracer, Tracer
+from messages.remote import DropRemoteTask, ListRemoteTasks, RemoteTaskRow
 
 if TYPE_CHECKING:
+    import pykka
+
+    from actors.services.a2a import A2aService
     from actors.services.mcp import McpService
 
-__all__ = ["ENGINES", "LIBRARY_LOGGERS", "default_tracer", "resolve_config"]
+__all__ = ["ENGINES", "LIBRARY_LOGGERS", "RemoteAgents", "default_tracer", "resolve_config"]
 
 log = logging.getLogger("actors.runtime")
 
@@ -87,6 +92,59 @@ def _mcp_service(config: Config, registry: Registry, directory: Directory) -> Mc
         result_cap=config.loop.tool_result_cap,
         secret_variables=[key for key in keys if key],
     )
+
+
+class RemoteAgents:
+    """The A2A service of ``config``'s remote agents (``[agents.NAME] a2a_url``), if any, as
+    the runtime starts and stops it. The SDK is imported only then: it is an extra."""
+
+    def __init__(self, config: Config | None = None, directory: Directory | None = None) -> None:
+        self.service: A2aService | None = None
+        self.directory = directory
+        remote = {n: a for n, a in (config.agents if config else {}).items() if a.a2a_url}
+        if not remote or config is None:
+            return
+        try:
+            from actors.services.a2a import A2aService
+        except ImportError as exc:
+            raise ConfigError(
+                f"agents.{next(iter(remote))}.a2a_url needs the a2a-sdk package ({exc}); "
+                "install loopd with pip install '.[a2a]'"
+            ) from None
+        assert directory is not None
+        cap = config.loop.tool_result_cap
+        self.service = A2aService(remote, directory, result_cap=cap)
+
+    def start(self, store: pykka.ActorRef[Any]) -> None:
+        """Start the service at its address; then the remote children a crash cut off (their
+        rows in the store): cancel their remote tasks, a few seconds at most, drop the rows."""
+        from actors.dispatcher.directory import A2A
+
+        if self.service is not None and self.directory is not None:
+            self.service.start()
+            self.directory.register(A2A, self.service)
+        asked = store.ask(ListRemoteTasks(), block=True, timeout=30)
+        rows: tuple[RemoteTaskRow, ...] = tuple(asked)
+        if not rows:
+            return
+        if self.service is None:
+            log.warning(
+                "loopd: %d remote tasks a crash left; no remote agent to cancel them", len(rows)
+            )
+            for row in rows:
+                store.tell(DropRemoteTask(row.child, "", 0))
+            return
+        log.info("loopd: cancelling %d remote tasks a crash left", len(rows))
+        self.service.cancel_orphans(rows)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel the remote tasks still followed and end the service's loop."""
+        from actors.dispatcher.directory import A2A
+
+        if self.service is not None and self.directory is not None:
+            self.directory.unregister(A2A, self.service)
+            self.service.stop(timeout)
+            self.service = None
 
 
 ENGINES = "loopd.engines"

@@ -52,6 +52,7 @@ from messages.background import (
     LoadBackground,
     SaveBackground,
 )
+from messages.remote import DropRemoteTask, ListRemoteTasks, RemoteTaskSaved, SaveRemoteTask
 from messages.runtime import (
     Appended,
     AppendMessages,
@@ -81,6 +82,8 @@ StoreRequest = (
     | ApprovalsRun
     | DropApprovals
     | RecordSpent
+    | SaveRemoteTask
+    | DropRemoteTask
 )
 """What the store actor writes and answers (``SettleApproval``, ``ApprovalsRun``,
 ``DropApprovals`` and ``RecordSpent`` are not answered)."""
@@ -99,6 +102,8 @@ _REQUESTS = (
     ApprovalsRun,
     DropApprovals,
     RecordSpent,
+    SaveRemoteTask,
+    DropRemoteTask,
 )
 _UNANSWERED = (ApprovalsRun, DropApprovals, RecordSpent)
 
@@ -287,6 +292,8 @@ class StoreActor(pykka.ThreadingActor):
             return None
         if isinstance(message, ListApprovals):  # asked by Runtime.start, before the Context
             return self.store.approvals() if self.store is not None else []
+        if isinstance(message, ListRemoteTasks):  # asked by Runtime.start, before the Context
+            return self.store.remote_tasks() if self.store is not None else ()
         if not isinstance(message, _REQUESTS):
             log.warning("store actor ignores unknown message %s", type(message).__name__)
             return None
@@ -344,6 +351,10 @@ class StoreActor(pykka.ThreadingActor):
             return lambda cur: store.drop_background_in(cur, msg.session)
         if isinstance(msg, LoadBackground):
             return store.load_background_in
+        if isinstance(msg, SaveRemoteTask):
+            return lambda cur: store.save_remote_in(cur, msg.row)
+        if isinstance(msg, DropRemoteTask):
+            return lambda cur: store.drop_remote_in(cur, msg.session)
         if isinstance(msg, CompactHistory):
             return lambda cur: store.compact_in(cur, msg.session, msg.summary)
         if isinstance(msg, StoreApproval):
@@ -403,6 +414,9 @@ class StoreActor(pykka.ThreadingActor):
         if isinstance(msg, SaveBackground | DropBackground):
             error = str(result) if isinstance(result, Exception) else ""
             return BackgroundSaved(msg.session, rid, error)
+        if isinstance(msg, SaveRemoteTask | DropRemoteTask):
+            error = str(result) if isinstance(result, Exception) else ""
+            return RemoteTaskSaved(msg.session, rid, error)
         if isinstance(msg, LoadBackground):
             if isinstance(result, Exception):
                 return BackgroundLoaded((), rid, str(result))

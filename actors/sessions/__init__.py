@@ -2,7 +2,8 @@
 
 ``context`` (:class:`ContextActor`, the shell of ``actors.core.context_state``: holds, spawns,
 routing of outcomes) and ``session`` (:class:`SessionActor`, the shell of ``actors.core.turn``:
-one session's turns). They carry out what ``actors.core`` decides and talk to the services only
+one session's turns), and ``remote`` (:class:`RemoteSessionActor`, a child that is a proxy of
+one remote A2A task). They carry out what ``actors.core`` decides and talk to the services only
 by address and message.
 
 Imports: ``core``, ``dispatcher``, the adapters' protocols (``tracing``, ``stores``) and

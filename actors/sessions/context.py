@@ -45,6 +45,7 @@ from actors.core.output import with_output
 from actors.core.spawn import build_baseline
 from actors.dispatcher import DispatchedActor, TimerHandle
 from actors.dispatcher.directory import CONTEXT, EVENTS, MODEL, STORE, Directory, session_address
+from actors.sessions.remote import RemoteSessionActor, is_remote
 from actors.sessions.session import SessionActor, SessionEnv
 from actors.stores.base import StoreError
 from actors.stores.memory import MemorySource
@@ -317,7 +318,10 @@ class ContextActor(DispatchedActor):
 
     def _start_session(self, asked: StartSession) -> list[ContextEffect]:
         try:
-            ref = SessionActor.start(asked.record, self.session_env, asked.incarnation)
+            # A remote agent's child is a proxy of one remote task (A2A calling out).
+            remote = is_remote(self.agents.get(asked.record.agent).profile)
+            actor = RemoteSessionActor if remote else SessionActor
+            ref = actor.start(asked.record, self.session_env, asked.incarnation)
         except Exception as exc:
             return self.state.start_failed(asked, str(exc))
         return self.state.started(asked, ref)

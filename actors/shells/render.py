@@ -13,6 +13,7 @@ from messages import (
     ApprovalSettled,
     Compacted,
     CompactionFailed,
+    FailReason,
     JobSkipped,
     McpServerDown,
     McpServerUp,
@@ -105,7 +106,9 @@ def _describe(event: TurnEvent) -> str:
         case SubagentStarted(child=child, call_id=call_id, background=background):
             return f"┬ spawns {child} for call {call_id}" + (" (background)" if background else "")
         case SubagentFinished(child=child, completed=completed, reason=reason):
-            return f"┴ {child} {'completed' if completed else f'failed ({reason})'}"
+            # A remote child's reason names its URL and what went wrong (neutralised already).
+            said = f": {event.detail}" if reason is FailReason.REMOTE_ERROR else ""
+            return f"┴ {child} {'completed' if completed else f'failed ({reason}){said}'}"
         case TurnEnded(completed=True):
             return "turn completed"
         case TurnEnded(reason=reason, detail=detail):

@@ -19,6 +19,7 @@ import msgspec
 from messages.approvals import StoredApproval
 from messages.background import BackgroundRow
 from messages.chat import Baseline, ChatMessage
+from messages.remote import RemoteTaskRow
 from messages.runtime import SessionRecord
 
 __all__ = [
@@ -112,6 +113,18 @@ class StoreBackend(Protocol):
 
     def load_background_in(self, cur: Any) -> tuple[BackgroundRow, ...]:
         """Every background row, oldest first (by the time it was last stored)."""
+        ...
+
+    def save_remote_in(self, cur: Any, row: RemoteTaskRow) -> None:
+        """Store a remote child's row (insert, or replace its task id)."""
+        ...
+
+    def drop_remote_in(self, cur: Any, child: str) -> None:
+        """Forget a remote child's row."""
+        ...
+
+    def remote_tasks(self) -> tuple[RemoteTaskRow, ...]:
+        """Every remote child's row (read at the start: children a crash cut off)."""
         ...
 
     def compact_in(self, cur: Any, id: str, summary: ChatMessage) -> None:

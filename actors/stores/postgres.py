@@ -44,6 +44,7 @@ from actors.stores.memory import (
     check_room,
     entry_text,
 )
+from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, now
 
 __all__ = [
@@ -61,8 +62,8 @@ log = logging.getLogger(__name__)
 PG_SCHEMA_VERSION = 4
 """The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
 sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
-``loopd_approvals``. Version 3 had no ``running`` flag on sessions and no
-``loopd_a2a_tasks``."""
+``loopd_approvals``. Version 3 had no ``running`` flag on sessions, no
+``loopd_a2a_tasks`` and no ``loopd_remote_tasks`` (A2A children)."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -119,6 +120,8 @@ _SCHEMA = (
         job        TEXT PRIMARY KEY,
         last_run   TIMESTAMPTZ,
         first_seen TIMESTAMPTZ)""",
+    # Version 4 (A2A calling out): the remote children's rows (remote_rows).
+    remote_table(PG),
 )
 
 

@@ -46,6 +46,7 @@ from actors.stores.base import (
     StoreError,
 )
 from actors.stores.dialect import Dialect
+from actors.stores.remote_rows import RemoteRows
 from actors.stores.turn_rows import TurnRows
 from messages.chat import Baseline, ChatMessage
 from messages.ids import check_session_id
@@ -88,7 +89,7 @@ _BASELINE_CACHE = 64
 """Decoded baselines kept per store: a runtime has few (one per memory-block change)."""
 
 
-class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows, A2aTaskRows):
+class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows, A2aTaskRows, RemoteRows):
     """Sessions in a SQL database: create, open, append, compact, list, read back.
 
     Every method runs in one transaction and commits durably before it returns;

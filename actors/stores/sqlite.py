@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from actors.stores.base import StoreError, StoreFileReplaced
+from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, baseline_hash
 
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "SQLITE", "SessionStore", "baseline_hash"]
@@ -32,9 +33,9 @@ DB_NAME = "loopd.db"
 SCHEMA_VERSION = 5
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
 in ``sessions``, no ``parent``), version 2 (no ``agent``), version 3 (no ``background`` and
-no ``approvals`` table) and version 4 (no ``running`` flag on sessions, no ``a2a_tasks``
-table) are migrated when a store is opened; a session stored before version 3 runs the
-``default`` agent."""
+no ``approvals`` table) and version 4 (no ``running`` flag on sessions, no ``a2a_tasks`` and no
+``remote_tasks`` table) are migrated when a store is opened; a session stored before version 3
+runs the ``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -185,8 +186,9 @@ class SessionStore(SqlSessionStore):
                     "ALTER TABLE sessions ADD COLUMN running INTEGER NOT NULL DEFAULT 0"
                     " CHECK (running IN (0, 1))"
                 )
-            if version < 5:  # version 5: the A2A endpoint's tasks (its own table)
+            if version < 5:  # version 5: the A2A endpoint's tasks and the remote children's rows
                 conn.execute(SQLITE.a2a_table)
+                conn.execute(remote_table(SQLITE))
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")

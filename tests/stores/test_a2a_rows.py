@@ -36,8 +36,9 @@ def test_a_version_4_store_gains_the_a2a_tasks_table(tmp_path: Path) -> None:
     path = tmp_path / "loopd.db"
     SessionStore(path).close()
     raw = sqlite3.connect(path)
-    try:  # made into version 4's: no a2a_tasks table, no running mark
+    try:  # made into version 4's: no a2a_tasks nor remote_tasks table, no running mark
         raw.execute("DROP TABLE a2a_tasks")
+        raw.execute("DROP TABLE remote_tasks")
         raw.execute("ALTER TABLE sessions DROP COLUMN running")
         raw.execute("PRAGMA user_version = 4")
         raw.commit()

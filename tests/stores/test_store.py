@@ -749,6 +749,7 @@ def test_a_version_3_store_gains_the_background_table(db: Path) -> None:
         raw.execute("DROP TABLE approvals")
         raw.execute("ALTER TABLE sessions DROP COLUMN running")
         raw.execute("DROP TABLE a2a_tasks")
+        raw.execute("DROP TABLE remote_tasks")
         raw.execute("PRAGMA user_version = 3")
     with SessionStore(db) as store:
         assert store.background() == ()
@@ -1129,3 +1130,25 @@ def test_memory_and_scheduler_state_reconnect_after_a_postgresql_restart(
             memory.close()
     for request in rt.model.requests:
         assert "likes tea" in (request.messages[0].content or "")
+
+
+# --- remote children's rows (A2A calling out) ---------------------------------------------------
+
+
+def test_remote_task_rows_are_stored_replaced_and_dropped(store: Any) -> None:
+    from messages.remote import RemoteTaskRow
+
+    row = RemoteTaskRow("sub-mm-1", "mm", "http://h/a", "ctx")
+    known = RemoteTaskRow("sub-mm-1", "mm", "http://h/a", "ctx", "task-9")
+    other = RemoteTaskRow("sub-nn-2", "nn", "http://h/b", "ctx-2", "task-1")
+    store.run_batch([("sub-mm-1", lambda cur: store.save_remote_in(cur, row))])
+    assert store.remote_tasks() == (row,)
+    store.run_batch(
+        [
+            ("sub-mm-1", lambda cur: store.save_remote_in(cur, known)),
+            ("sub-nn-2", lambda cur: store.save_remote_in(cur, other)),
+        ]
+    )
+    assert store.remote_tasks() == (known, other)
+    store.run_batch([("sub-mm-1", lambda cur: store.drop_remote_in(cur, "sub-mm-1"))])
+    assert store.remote_tasks() == (other,)

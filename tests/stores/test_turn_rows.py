@@ -61,9 +61,10 @@ def test_a_version_4_store_gains_the_running_mark(tmp_path: Path) -> None:
     db = tmp_path / "loopd.db"
     with SessionStore(db) as store:
         store.create("mm", BASELINE, 0)
-    with raw_db(db) as raw:  # made into version 4's: no running column
+    with raw_db(db) as raw:  # made into version 4's: no running column, no A2A tables
         raw.execute("ALTER TABLE sessions DROP COLUMN running")
         raw.execute("DROP TABLE a2a_tasks")
+        raw.execute("DROP TABLE remote_tasks")
         raw.execute("PRAGMA user_version = 4")
     with SessionStore(db) as store:
         assert store.interrupted() == []  # nothing ran under version 4's eyes
