@@ -14,14 +14,20 @@ The loop restarts its server, so it starts a server of its own, not the suite's 
 from __future__ import annotations
 
 import os
+import queue
 import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from actors import Config, Runtime, ToolContext, port_tool
+from actors.core.config_tables import ApprovalsConfig, StoreConfig
+from actors.testing import ScriptedModel, calls, reply
 from actors.testing.postgres import PostgresServer, find_pg_bin
+from messages import ApprovalRefused, ApprovalRequested, ApprovalSettled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "killloop"))
 
@@ -43,3 +49,38 @@ def test_every_guarantee_holds_after_every_kill_on_postgres(tmp_path: Path) -> N
     print("\n" + summary)
     assert tally.iterations == ITERATIONS
     assert not tally.violations, summary
+
+
+def test_a_second_process_cannot_decide_a_call_the_holder_waits_on(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """What the kill loop's second process found: a runtime started beside a live holder
+    listed the holder's waiting call and stored a decision on it that the holder's turn never
+    heard of. The decision is refused now, naming the holder; the holder's own decision runs."""
+    ran: list[int] = []
+
+    @port_tool("deploy", "Deploy; a person must say yes first.", approval=True)
+    def deploy(args: dict[str, Any], ctx: ToolContext) -> str:
+        ran.append(ctx.call_id)
+        return "deployed"
+
+    def start(name: str) -> Runtime:
+        config = Config(home=str(tmp_path / name), store=StoreConfig(url=pg_url)).replace(
+            approvals=ApprovalsConfig(tools=("deploy",))
+        )
+        script = [calls(("deploy", {"what": "v1"})), reply("done")]
+        return Runtime.start(config, model=ScriptedModel(script), tools=[deploy])
+
+    asked: queue.Queue[ApprovalRequested] = queue.Queue()
+    with start("holder") as holder:
+        holder.subscribe(lambda e: asked.put(e) if isinstance(e, ApprovalRequested) else None)
+        holder.send_turn("s", "deploy it")
+        request = asked.get(timeout=30)
+        with start("second") as second:
+            refused = second.approve("s", request.call_id, note="not mine to decide")
+            assert isinstance(refused, ApprovalRefused), refused
+            assert "another loopd process holds it" in refused.detail
+        settled = holder.approve("s", request.call_id)
+        assert isinstance(settled, ApprovalSettled) and settled.approved, settled
+        holder.wait_family("s", timeout=30)
+    assert ran == [request.call_id]
