@@ -277,11 +277,15 @@ def check_probe(probe: list[dict[str, Any]]) -> list[Violation]:
     found: list[Violation] = []
     rule = "one runner per family"
     for line in probe:
-        if line["kind"] == "event" and line["tag"] in ("TurnStarted", "TurnEnded"):
-            what = "started" if line["tag"] == "TurnStarted" else "ended"
-            detail = f"a second process {what} a turn the live holder runs"
-            found.append(Violation(rule, line["event"].get("session", "-"), detail))
-        elif line["kind"] == "decision":
+        event = line.get("event") or {}
+        if line["kind"] == "event" and line["tag"] == "TurnStarted":
+            detail = "a second process started a turn of a session the live holder runs"
+            found.append(Violation(rule, event.get("session", "-"), detail))
+        elif line["kind"] == "event" and line["tag"] == "TurnEnded" and event["reason"] != "busy":
+            # A turn it was refused ends busy; any other end is one of the holder's turns.
+            detail = f"a second process ended a turn the live holder runs ({event['reason']})"
+            found.append(Violation(rule, event.get("session", "-"), detail))
+        elif line["kind"] == "decision" and line["tag"] == "ApprovalSettled":
             d = line["decision"]
             detail = f"a second process decided call {d['call_id']} of a held session"
             found.append(Violation(rule, d["session"], detail))
