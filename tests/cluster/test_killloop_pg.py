@@ -17,17 +17,26 @@ import os
 import queue
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from actors import Config, Runtime, ToolContext, port_tool
+from actors import Config, Runtime, SubagentsConfig, ToolContext, port_tool
 from actors.core.config_tables import ApprovalsConfig, StoreConfig
+from actors.stores.postgres import PgSessionStore
 from actors.testing import ScriptedModel, calls, reply
 from actors.testing.postgres import PostgresServer, find_pg_bin
-from messages import ApprovalRefused, ApprovalRequested, ApprovalSettled
+from actors.testing.script import Answer
+from messages import (
+    ApprovalRefused,
+    ApprovalRequested,
+    ApprovalSettled,
+    ModelRequest,
+    TurnCompleted,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "killloop"))
 
@@ -84,3 +93,46 @@ def test_a_second_process_cannot_decide_a_call_the_holder_waits_on(
         assert isinstance(settled, ApprovalSettled) and settled.approved, settled
         holder.wait_family("s", timeout=30)
     assert ran == [request.call_id]
+
+
+def test_a_second_start_leaves_a_live_holders_background_child_alone(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """What the kill loop's second process found: a runtime started beside a live holder read
+    the holder's running background child as cut off, stored its report ``failed``, and the
+    next start delivered it beside the ``completed`` one. A row of a held session is left to
+    its holder now: one report, the one told."""
+    go = threading.Event()
+
+    def script(request: ModelRequest) -> Answer:
+        if request.session.startswith("sub-"):
+            go.wait(30)  # the child runs until the second runtime has started and settled
+            return reply("child done")
+        if request.messages[-1].role == "user" and request.messages[-1].name == "subagent":
+            return reply("noted")
+        if request.messages[-1].role == "tool":
+            return reply("started it")
+        return calls(("subagent", {"task": "in the background", "background": True}))
+
+    def start(name: str) -> Runtime:
+        config = Config(home=str(tmp_path / name), store=StoreConfig(url=pg_url)).replace(
+            subagents=SubagentsConfig(background=True)
+        )
+        return Runtime.start(config, model=ScriptedModel(script))
+
+    def reports() -> list[str]:
+        with PgSessionStore(pg_url) as store:
+            history = store.history("p")
+        return [s.message.content or "" for s in history if s.message.name == "subagent"]
+
+    with start("holder") as holder:
+        assert isinstance(holder.run_turn("p", "go", timeout=30), TurnCompleted)
+        with start("second") as second:
+            # Its start read the rows and took none: nothing of p's family waits here (before,
+            # the failed report it made waited for p, which the holder runs: a timeout).
+            second.wait_family("p", timeout=10)
+        go.set()
+        holder.wait_family("p", timeout=30)
+    with start("third") as third:
+        third.wait_family("p", timeout=30)
+    assert [r.split()[1] for r in reports()] == ["completed"], reports()
