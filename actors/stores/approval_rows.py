@@ -58,7 +58,10 @@ class ApprovalRows:
         self, cur: Any, session: str, call_id: int, approved: bool, reason: str = ""
     ) -> bool:
         """Record a decision for a call that waits; False if it is not waiting (unknown, or
-        decided already)."""
+        decided already). A session another live process runs is refused
+        (``SessionHeldElsewhere``): that process's runtime decides its calls, and a decision
+        stored behind its back would never reach its turn."""
+        self.refuse_if_run_elsewhere(cur, session)
         q = self.dialect.q
         row = cur.execute(q.approval_body, (session, call_id)).fetchone()
         if row is None:
@@ -75,7 +78,6 @@ class ApprovalRows:
         (PostgreSQL's advisory locks), a session that process runs now is refused
         (``SessionHeldElsewhere``): its runtime decides its calls itself."""
         with self._transaction(session, "settle an approval", write=True) as cur:
-            self.refuse_if_run_elsewhere(cur, session)
             done: bool = self.settle_approval_in(cur, session, call_id, approved, reason)
             return done
 

@@ -46,6 +46,7 @@ from actors.stores.memory import (
 )
 from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, now
+from messages.background import BackgroundRow
 
 __all__ = [
     "PG",
@@ -274,6 +275,10 @@ class PgSessionStore(SqlSessionStore):
         """Raise :class:`SessionHeldElsewhere` if another connection holds ``session``'s
         advisory lock (a process runs it now). It only looks: two decisions from outside do
         not lock each other out (the row's update decides between them)."""
+        if self._held_elsewhere(cur, session):
+            raise SessionHeldElsewhere(session)
+
+    def _held_elsewhere(self, cur: Any, session: str) -> bool:
         key = lock_key(session) & 0xFFFFFFFFFFFFFFFF  # as pg_locks shows a bigint key
         row = cur.execute(
             "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
@@ -281,8 +286,18 @@ class PgSessionStore(SqlSessionStore):
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             (key >> 32, key & 0xFFFFFFFF),
         ).fetchone()
-        if row is not None:
-            raise SessionHeldElsewhere(session)
+        return row is not None
+
+    def load_background_in(self, cur: Any) -> tuple[BackgroundRow, ...]:
+        """Every background row but those of a live process: a row whose child or parent
+        another process holds is that process's (its child still runs, or its report is
+        being delivered); a start that took it would report a running child ``failed``."""
+        return tuple(
+            row
+            for row in super().load_background_in(cur)
+            if not self._held_elsewhere(cur, row.child)
+            and not self._held_elsewhere(cur, row.parent)
+        )
 
     def release(self, id: str) -> None:
         """Let another process run ``id``: drop its advisory lock (if this store holds it)."""

@@ -2,9 +2,11 @@
 
 Each check reads three things: the journal of the killed run (every event, outcome and decision
 the process was told, written before it acted on it), the journal of the settling run that
-followed on the same home, and the store as the settling run left it; the side-effect log is
-the fourth. A broken guarantee is a :class:`Violation` with its guarantee's name, so a run can
-count them per guarantee.
+followed on the same home, and the store as the settling run left it (the SQLite file of the
+home, or the PostgreSQL database of a url); the side-effect log is the fourth. On a shared store
+a fifth may come: the journal of a second process (``probe``) that started while the killed run
+still held its sessions. A broken guarantee is a :class:`Violation` with its guarantee's name,
+so a run can count them per guarantee.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.stores.base import StoredMessage
+from actors.stores.sql import SqlSessionStore
 from actors.stores.sqlite import SessionStore
 from messages import DenyReason, denial_message
 
@@ -29,6 +32,7 @@ GUARANTEES = (
     "background reports exactly once and right",
     "transcripts valid",
     "waiters answered",
+    "one runner per family",
 )
 
 
@@ -63,24 +67,34 @@ def events(lines: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
 
 
 class StoreView:
-    """The sessions of a home as the store has them, read once per check."""
+    """The sessions of a home as the store has them, read once per check: the SQLite file
+    ``db``, or the PostgreSQL database at ``url`` (through the store loopd itself uses)."""
 
-    def __init__(self, db: Path) -> None:
+    def __init__(self, db: Path | None, url: str | None = None) -> None:
         self._db = db
+        self._url = url
         self._histories: dict[str, list[StoredMessage]] = {}
-        with SessionStore(db) as store:
+        with self._open() as store:
             self.ids = {info.id for info in store.list_sessions()}
             # After the settling run: what the store still holds as running.
             self.running = {record.id for record in store.interrupted()}
         self.untold_ends: list[str] = []
         """Sessions whose turn's end was stored but not told before the kill."""
 
+    def _open(self) -> SqlSessionStore:
+        if self._url is not None:
+            from actors.stores.postgres import PgSessionStore
+
+            return PgSessionStore(self._url, connect_timeout_s=10)
+        assert self._db is not None
+        return SessionStore(self._db)
+
     def history(self, session: str) -> list[StoredMessage]:
         if session not in self._histories:
             if session not in self.ids:
                 self._histories[session] = []
             else:
-                with SessionStore(self._db) as store:
+                with self._open() as store:
                     self._histories[session] = store.history(session)
         return self._histories[session]
 
@@ -253,6 +267,35 @@ def check_iteration(
                 session,
                 problem,
             )
+    return found
+
+
+def check_probe(probe: list[dict[str, Any]]) -> list[Violation]:
+    """A second process that started and stopped while the killed run held every session of
+    its families: it ran no turn, ended none, decided no call and answered every turn it was
+    asked (``busy``)."""
+    found: list[Violation] = []
+    rule = "one runner per family"
+    for line in probe:
+        event = line.get("event") or {}
+        if line["kind"] == "event" and line["tag"] == "TurnStarted":
+            detail = "a second process started a turn of a session the live holder runs"
+            found.append(Violation(rule, event.get("session", "-"), detail))
+        elif line["kind"] == "event" and line["tag"] == "TurnEnded" and event["reason"] != "busy":
+            # A turn it was refused ends busy; any other end is one of the holder's turns.
+            detail = f"a second process ended a turn the live holder runs ({event['reason']})"
+            found.append(Violation(rule, event.get("session", "-"), detail))
+        elif line["kind"] == "decision" and line["tag"] == "ApprovalSettled":
+            d = line["decision"]
+            detail = f"a second process decided call {d['call_id']} of a held session"
+            found.append(Violation(rule, d["session"], detail))
+        elif line["kind"] == "outcome" and (line["completed"] or "busy" not in line["reason"]):
+            detail = f"a second process was answered {line['tag']} {line['reason']!r}, not busy"
+            found.append(Violation(rule, line["session"], detail))
+    if not any(line["kind"] == "probed" for line in probe):
+        found.append(Violation("waiters answered", "-", "the second process did not finish"))
+    elif sum(1 for line in probe if line["kind"] == "outcome") != 3:
+        found.append(Violation("waiters answered", "-", "a turn of the second process unanswered"))
     return found
 
 

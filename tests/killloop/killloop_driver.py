@@ -3,6 +3,7 @@ it is told.
 
     python killloop_driver.py work   HOME JOURNAL EFFECTS SEED [MAX_SECONDS]
     python killloop_driver.py settle HOME JOURNAL EFFECTS SEED [MAX_SECONDS]
+    python killloop_driver.py probe  HOME JOURNAL EFFECTS SEED [MAX_SECONDS]
 
 ``work`` runs turns on a few top-level sessions, back to back, with a scripted model drawn from a
 generator seeded with SEED: plain answers, parallel calls of a side-effecting port tool
@@ -11,6 +12,12 @@ random moment, sometimes approved, sometimes declined), children and grandchildr
 children, a typed session that answers through ``final_answer``, and compaction. ``settle``
 starts on the same home and does no new work: it decides what still waits for a person, waits
 until every family is idle and every background report is delivered, then stops cleanly.
+``probe`` is a second process on a shared store while a ``work`` run still holds its sessions:
+it starts, asks each top-level session for a turn and tries to decide every waiting call once,
+journals what it is told (a live holder's sessions must answer ``busy``), and stops.
+
+The store is the SQLite file of HOME, or the PostgreSQL database of ``LOOPD_KILLLOOP_STORE_URL``
+when that is set (then several homes may share it: the home keeps only its lock).
 
 Everything the process is told is written to JOURNAL (one JSON line, ``os.write`` on an
 ``O_APPEND`` file, then ``fdatasync``) *before* anything acts on it: every turn event a
@@ -43,7 +50,7 @@ from actors import (
     ToolContext,
     port_tool,
 )
-from actors.core.config_tables import ApprovalsConfig, LoopConfig
+from actors.core.config_tables import ApprovalsConfig, LoopConfig, StoreConfig
 from actors.core.turn import COMPACT_INSTRUCTION
 from actors.stores.sqlite import SessionStore
 from actors.testing import ScriptedModel, calls, reply
@@ -72,6 +79,9 @@ OUTCOMES = "killloop-outcomes"
 THINK_S = 0.01
 MAX_STEPS = 3
 STALL_S = 30.0
+PROBE_S = 3.0
+"""How long a probe waits for the answers of its turns and decisions."""
+STORE_URL_ENV = "LOOPD_KILLLOOP_STORE_URL"
 
 
 class Journal:
@@ -219,8 +229,66 @@ def decider(
         )
 
 
+def running_in_store(home: str, url: str | None) -> list[str]:
+    """The sessions the store marks running, whoever holds them (read before the start)."""
+    if url is not None:
+        import psycopg
+
+        from actors.stores.postgres import PgSessionStore
+
+        # Not store.interrupted(): that leaves out what a live process holds, and takes locks.
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            try:
+                rows = conn.execute(PgSessionStore.dialect.q.interrupted).fetchall()
+            except psycopg.errors.UndefinedTable:  # a new database: the start creates them
+                return []
+        return sorted(row[0] for row in rows)
+    db = Path(home) / "loopd.db"
+    if not db.exists():
+        return []
+    with SessionStore(db) as store:
+        return sorted(record.id for record in store.interrupted())
+
+
+def probe(rt: Runtime, journal: Journal, outcomes: Outcomes) -> None:
+    """Ask each top-level session for a turn and decide each waiting call once, journalling
+    every answer: a session a live process holds answers busy, a decision is refused."""
+    for session in (*SESSIONS, TYPED):
+        output = SCHEMA if session == TYPED else None
+        rt.send_turn(session, "a second process asks", reply_to=OUTCOMES, output=output)
+    for pending in rt.pending_approvals():
+        try:
+            answer = rt.approve(pending.session, pending.call_id, note="from a second process")
+        except Exception as exc:
+            journal.write("refused", {"tag": type(exc).__name__, "detail": str(exc)[:200]})
+            continue
+        journal.write(
+            "decision",
+            {
+                "tag": type(answer).__name__,
+                "decision": msgspec.to_builtins(answer),
+                "approved": True,
+            },
+        )
+    for _ in range(3):
+        try:
+            outcome = outcomes.queue.get(timeout=PROBE_S)
+        except queue.Empty:
+            break
+        journal.write(
+            "outcome",
+            {
+                "tag": type(outcome).__name__,
+                "session": outcome.session,
+                "completed": isinstance(outcome, TurnCompleted),
+                "content": getattr(outcome, "content", None),
+                "reason": str(getattr(outcome, "reason", "") or ""),
+            },
+        )
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) not in (6, 7) or argv[1] not in ("work", "settle"):
+    if len(argv) not in (6, 7) or argv[1] not in ("work", "settle", "probe"):
         print(__doc__, file=sys.stderr)
         return 2
     mode, home, journal_path, effects_path, seed = argv[1], argv[2], argv[3], argv[4], int(argv[5])
@@ -229,7 +297,9 @@ def main(argv: list[str]) -> int:
     run = f"{mode}-{seed}"
     journal = Journal(journal_path, run)
     effects = Effects(effects_path, run)
+    url = os.environ.get(STORE_URL_ENV) or None
     config = Config(home=home).replace(
+        store=StoreConfig(url=url),
         compact=CompactConfig(threshold_chars=2_500),
         subagents=SubagentsConfig(background=True, max_background=4),
         approvals=ApprovalsConfig(tools=("deploy",)),
@@ -244,12 +314,7 @@ def main(argv: list[str]) -> int:
 
     # What the store holds as running before the start ends it: the checker tells a turn the
     # kill cut off from one whose end was stored just before the kill but never told.
-    db = Path(home) / "loopd.db"
-    if db.exists():
-        with SessionStore(db) as store:
-            running = sorted(record.id for record in store.interrupted())
-    else:
-        running = []
+    running = running_in_store(home, url)
     journal.write("starting", {"tag": mode, "running": running})
     # Subscribed from the start: the turns the last kill cut off are told ended here.
     rt = Runtime.start(
@@ -260,14 +325,21 @@ def main(argv: list[str]) -> int:
     )
     journal.write("started", {"tag": mode})
     stop = threading.Event()
+    outcomes = Outcomes()
+    rt.directory.register(OUTCOMES, outcomes)
+    if mode == "probe":
+        try:
+            probe(rt, journal, outcomes)
+        finally:
+            rt.stop()
+        journal.write("probed", {"tag": mode})
+        return 0
     person = threading.Thread(
         target=decider, args=(rt, journal, random.Random(seed + 1), requests, stop), daemon=True
     )
     person.start()
     for pending in rt.pending_approvals():
         requests.put(pending)
-    outcomes = Outcomes()
-    rt.directory.register(OUTCOMES, outcomes)
     deadline = time.monotonic() + max_seconds
 
     def send(session: str, text: str) -> None:
