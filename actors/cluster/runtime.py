@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -83,8 +83,17 @@ class ClusterRuntime(Runtime):
     :attr:`context` raises.
     """
 
-    def __init__(self, config: Config, shards: list[Any], owns_ray: bool) -> None:
-        """Use started ``shards`` (Ray actor handles); shut Ray down at stop if ``owns_ray``."""
+    def __init__(
+        self,
+        config: Config,
+        shards: list[Any],
+        owns_ray: bool,
+        subscribe: Iterable[Callable[[TurnEvent], Any]] = (),
+    ) -> None:
+        """Use started ``shards`` (Ray actor handles); shut Ray down at stop if ``owns_ray``.
+
+        ``subscribe`` functions get every event, first the ``TurnEnded(reason=CRASHED)`` each
+        shard's start told for the turns a crash cut off, before this returns."""
         # Not Runtime.__init__: that one takes the actors of one process, which live in the
         # shards here. The facade's calls are all overridden below.
         self.config = config
@@ -98,8 +107,23 @@ class ClusterRuntime(Runtime):
         self._suspect = [False] * len(shards)
         """Shards seen failing: the next call waits until they answer again."""
         self._progress = threading.Condition()
+        for fn in subscribe:
+            self._subscribers.add(fn)
+        # Each shard's start ended what a crash cut off and kept those events: hand them over
+        # now, so a subscriber given to the start has them when it returns, as in one process.
+        ray = _ray()
+        firsts = ray.get(
+            [shard.fetch_events.remote("", 0, 0.0) for shard in shards], timeout=START_TIMEOUT_S
+        )
+        for index, (_epoch, after, items) in enumerate(firsts):
+            self._deliver(items)
+            self._seen[index] = after
         self._pollers = [
-            threading.Thread(target=self._poll, args=(i,), name=f"loopd-shard-{i}-events")
+            threading.Thread(
+                target=self._poll,
+                args=(i, firsts[i][0], firsts[i][1]),
+                name=f"loopd-shard-{i}-events",
+            )
             for i in range(len(shards))
         ]
         for poller in self._pollers:
@@ -107,8 +131,15 @@ class ClusterRuntime(Runtime):
             poller.start()
 
     @classmethod
-    def launch(cls, config: Config, *, tools: Iterable[PortTool] = ()) -> ClusterRuntime:
+    def launch(
+        cls,
+        config: Config,
+        *,
+        tools: Iterable[PortTool] = (),
+        subscribe: Iterable[Callable[[TurnEvent], Any]] = (),
+    ) -> ClusterRuntime:
         """Join (or start) Ray and start ``config.cluster.shards`` shards; wait until all run.
+        ``subscribe`` as for :class:`ClusterRuntime`.
 
         Raises :class:`~actors.stores.base.StoreError` if the store cannot be opened and
         :class:`ShardStartError` if Ray or a shard cannot start.
@@ -134,13 +165,13 @@ class ClusterRuntime(Runtime):
         handles = [shard_class.remote(data, i, count, tool_list) for i in range(count)]
         try:
             ray.get([h.ready.remote() for h in handles], timeout=START_TIMEOUT_S)
+            return cls(config, handles, owns_ray, subscribe)
         except Exception as exc:
             for handle in handles:
                 ray.kill(handle, no_restart=True)
             if owns_ray:
                 ray.shutdown()
             raise ShardStartError(f"the shards did not start: {exc}") from exc
-        return cls(config, handles, owns_ray)
 
     @property
     def context(self) -> pykka.ActorRef[Any]:
@@ -302,10 +333,21 @@ class ClusterRuntime(Runtime):
         except (TimeoutError, ray.exceptions.GetTimeoutError):
             raise TimeoutError(f"the family of {session} was not idle within {timeout} s") from None
 
-    def _poll(self, index: int) -> None:
-        """Fetch shard ``index``'s events and call the subscribers, until the runtime stops."""
+    def _deliver(self, items: list[bytes]) -> None:
+        """Decode each event and call every subscriber with it, in order."""
+        for data in items:
+            event = _EVENT.decode(data)
+            for fn in self._subscribers.snapshot():
+                try:
+                    fn(event)
+                except Exception:
+                    log.exception("event subscriber %r failed", fn)
+
+    def _poll(self, index: int, epoch: str, after: int) -> None:
+        """Fetch shard ``index``'s events above ``after`` of its start ``epoch`` and call the
+        subscribers, until the runtime stops."""
         ray = _ray()
-        shard, epoch, after = self._shards[index], "", 0
+        shard = self._shards[index]
         while not self._halt.is_set():
             try:
                 epoch, after, items = ray.get(
@@ -319,13 +361,7 @@ class ClusterRuntime(Runtime):
                     self._suspect[index] = True
                 self._halt.wait(0.5)
                 continue
-            for data in items:
-                event = _EVENT.decode(data)
-                for fn in self._subscribers.snapshot():
-                    try:
-                        fn(event)
-                    except Exception:
-                        log.exception("event subscriber %r failed", fn)
+            self._deliver(items)
             with self._progress:
                 self._seen[index] = after
                 self._progress.notify_all()

@@ -95,8 +95,11 @@ class Shard:
         self.index = index
         self.epoch = f"{os.getpid()}-{os.urandom(4).hex()}"
         self.events = EventLog()
-        self.runtime = Runtime.start(shard_config(cluster, index, shards), tools=tools)
-        self.runtime.subscribe(self.events.append)
+        # Subscribed from the start: the turns a crash cut off (this shard's previous process,
+        # say) are ended by the start, and the driver must hear of it.
+        self.runtime = Runtime.start(
+            shard_config(cluster, index, shards), tools=tools, subscribe=[self.events.append]
+        )
 
     def ready(self) -> tuple[int, str]:
         """This shard's process id and epoch (new at every start): it is up."""

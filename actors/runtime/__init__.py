@@ -226,7 +226,7 @@ class Runtime:
                     "wall clock: model=, memory= and clock= are for one process only"
                 )
             engine: Any = _engine(config.cluster.engine)
-            launched: Runtime = engine.launch(config, tools=tools or ())
+            launched: Runtime = engine.launch(config, tools=tools or (), subscribe=subscribe)
             return launched
         if mcp:
             config = config.replace(mcp={**config.mcp, **mcp})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -13,10 +14,12 @@ import pytest
 
 from actors import Config, ModelConfig, Runtime
 from actors.core.config import ClusterConfig, StoreConfig
+from actors.runtime.interrupted import CRASHED_DETAIL
 from actors.stores.postgres import PgSessionStore
 from actors.testing import call, reply
 from actors.testing.postgres import PostgresServer
-from messages import FailReason, TurnCompleted, TurnFailed, Usage
+from messages import FailReason, TurnCompleted, TurnEnded, TurnFailed, Usage
+from messages.chat import Baseline, ChatMessage
 
 
 def unmeasured(n: int) -> Usage:
@@ -46,6 +49,8 @@ def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repai
     server = chat_server(script)
     model = ModelConfig(base_url=server.base_url, name="local", timeout_s=WAIT, retries=0)
     rt = loopd_runtime(config=loopd_config.replace(model=model))
+    ended: queue.Queue[TurnEnded] = queue.Queue()
+    rt.subscribe(lambda e: ended.put(e) if isinstance(e, TurnEnded) else None)
     shard = rt.shard_of("mm-thread")
     pid = rt.shard_pid(shard)
     answers: dict[str, Any] = {}
@@ -65,9 +70,19 @@ def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repai
     assert f"shard {shard} died" in outcome.detail
     assert answered_in < CRASH_ANSWER_S
 
-    # Ray starts the shard again; the next turn finds every committed message and answers the
-    # cut-off call of the first turn `<child> failed` before it goes on.
+    # Ray starts the shard again, and its start ends the turn the kill cut off and tells the
+    # driver's subscribers so. (The child had asked its model and stored nothing yet: it was
+    # never told started, and there is nothing of it to end.)
     assert rt.shard_pid(shard, timeout=WAIT) != pid
+    event = ended.get(timeout=WAIT)
+    assert (event.session, event.completed, event.reason, event.detail) == (
+        "mm-thread",
+        False,
+        FailReason.CRASHED,
+        CRASHED_DETAIL,
+    )
+    # The next turn finds every committed message: the cut-off call of the first turn was
+    # answered `<child> failed` by that start.
     again = rt.run_turn("mm-thread", "again", timeout=WAIT)
     assert again == TurnCompleted(
         "mm-thread", "sub-mm-thread-2 completed\nchild done", usage=unmeasured(3)
@@ -86,6 +101,31 @@ def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repai
     last = server.requests[-1]
     tool_texts = [m["content"] for m in last["messages"] if m["role"] == "tool"]
     assert tool_texts == ["sub-mm-thread-1 failed", "sub-mm-thread-2 completed\nchild done"]
+
+
+def test_a_cluster_start_tells_its_subscribers_the_turns_a_crash_cut_off(
+    loopd_runtime, loopd_config, pg_url
+):
+    # A store as a killed process leaves it: a turn stored running, its call never answered.
+    with PgSessionStore(pg_url) as store:
+        store.create("cut", Baseline(system="You are careful."), 0)
+        store.append(
+            "cut",
+            [ChatMessage(role="user", content="go")],
+            turns=1,
+            next_call_id=1,
+            untrusted=False,
+            running=True,
+        )
+    told: list[object] = []
+    rt = loopd_runtime(config=loopd_config, subscribe=[told.append])
+    # Told before Runtime.start returned, by the shard that hosts the family.
+    assert [(e.session, e.completed, e.reason, e.detail) for e in told] == [
+        ("cut", False, FailReason.CRASHED, CRASHED_DETAIL)
+    ]
+    with PgSessionStore(pg_url) as store:
+        assert store.interrupted() == []
+    assert rt.shard_count == 2
 
 
 @pytest.mark.parametrize("engine", ["none", "ray"])
