@@ -414,20 +414,21 @@ def test_remote_rows_are_stored_replaced_and_dropped(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_version_4_store_gains_the_remote_tasks_table(tmp_path: Path) -> None:
+def test_a_version_5_store_gains_the_remote_tasks_table(tmp_path: Path) -> None:
     SessionStore(tmp_path / DB_NAME).close()
-    with sqlite3.connect(tmp_path / DB_NAME) as raw:
-        raw.execute("DROP TABLE remote_tasks")  # and version 5's other two additions
-        raw.execute("DROP TABLE a2a_tasks")
-        raw.execute("ALTER TABLE sessions DROP COLUMN running")
-        raw.execute("PRAGMA user_version = 4")
+    with sqlite3.connect(tmp_path / DB_NAME) as raw:  # version 5's: all but remote_tasks
+        raw.execute("DROP TABLE remote_tasks")
+        raw.execute("PRAGMA user_version = 5")
     store = SessionStore(tmp_path / DB_NAME)
     try:
         assert store.remote_tasks() == ()
+        row = RemoteTaskRow("sub-p-1", "p", "http://h/a", "ctx-1")
+        store.run_batch([("sub-p-1", lambda cur: store.save_remote_in(cur, row))])
+        assert store.remote_tasks() == (row,)
     finally:
         store.close()
     with sqlite3.connect(tmp_path / DB_NAME) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (6,)
 
 
 def test_a_top_level_turn_with_a_remote_profile_fails_wrong_agent(

@@ -4,7 +4,7 @@ One row per remote child while its remote task may run: stored before the task's
 sent (with the A2A ``contextId`` it is sent in), updated with the remote task's id once the
 remote gives one, deleted when the child ends. A row left at the next start is a child a crash
 cut off: its remote task is cancelled and the row dropped. Mixed into
-:class:`~actors.stores.sql.SqlSessionStore`; SQLite schema version 5, PostgreSQL's 4.
+:class:`~actors.stores.sql.SqlSessionStore`; SQLite schema version 6, PostgreSQL's 4.
 """
 
 from __future__ import annotations

@@ -30,12 +30,12 @@ log = logging.getLogger(__name__)
 DB_NAME = "loopd.db"
 """The store's file name under ``home``: ``<home>/loopd.db``."""
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The schema this module writes, kept in ``PRAGMA user_version``. Version 1 (baselines inline
 in ``sessions``, no ``parent``), version 2 (no ``agent``), version 3 (no ``background`` and
-no ``approvals`` table) and version 4 (no ``running`` flag on sessions, no ``a2a_tasks`` and no
-``remote_tasks`` table) are migrated when a store is opened; a session stored before version 3
-runs the ``default`` agent."""
+no ``approvals`` table), version 4 (no ``running`` flag on sessions, no ``a2a_tasks`` table)
+and version 5 (no ``remote_tasks`` table) are migrated when a store is opened; a session stored
+before version 3 runs the ``default`` agent."""
 
 BUSY_TIMEOUT_MS = 10_000
 """How long a statement waits for another process's lock (a CLI reader, say) before failing."""
@@ -186,8 +186,9 @@ class SessionStore(SqlSessionStore):
                     "ALTER TABLE sessions ADD COLUMN running INTEGER NOT NULL DEFAULT 0"
                     " CHECK (running IN (0, 1))"
                 )
-            if version < 5:  # version 5: the A2A endpoint's tasks and the remote children's rows
+            if version < 5:  # version 5: the A2A endpoint's tasks
                 conn.execute(SQLITE.a2a_table)
+            if version < 6:  # version 6: the remote children's rows (A2A calling out)
                 conn.execute(remote_table(SQLITE))
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

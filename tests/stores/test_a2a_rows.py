@@ -49,6 +49,6 @@ def test_a_version_4_store_gains_the_a2a_tasks_table(tmp_path: Path) -> None:
         store.save_a2a_task(A2aTaskRow("t", "c", "TASK_STATE_WORKING", b"{}"))
     raw = sqlite3.connect(path)
     try:
-        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
     finally:
         raw.close()

@@ -144,6 +144,6 @@ def test_a_version_3_store_gains_the_approvals_table(tmp_path: Path) -> None:
         assert store.approvals() == [entry("s", 1)]
     raw = sqlite3.connect(path)
     try:
-        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (6,)
     finally:
         raw.close()

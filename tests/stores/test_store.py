@@ -177,7 +177,7 @@ def test_store_file_is_configured_for_durability(sqlite_store: SessionStore, db:
     assert db.is_file()
     with raw_db(db) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
 
 
 def test_create_of_a_known_id_raises_session_exists_and_changes_nothing(
@@ -645,7 +645,7 @@ def test_a_version_1_store_is_migrated_and_keeps_working(db: Path) -> None:
         store.append("mm", [user("after")], turns=2, next_call_id=2, untrusted=False)
         store.create("new", BASELINE, 0)
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (6,)
         assert raw.execute("SELECT COUNT(*) FROM baselines").fetchone() == (2,)
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     # Opened again (now version 3), nothing moves.
@@ -704,7 +704,7 @@ def test_a_version_2_store_is_migrated_and_its_sessions_run_default(db: Path) ->
         )
         store.create("planned", BASELINE, 0, agent="planner")
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (6,)
     with SessionStore(db) as store:
         assert store.open("planned").agent == "planner"
         assert [(i.id, i.agent) for i in store.list_sessions()] == [
@@ -755,7 +755,7 @@ def test_a_version_3_store_gains_the_background_table(db: Path) -> None:
         assert store.background() == ()
         assert store.open("mm").turns == 0
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (6,)
 
 
 def test_the_agent_is_stored_with_each_kind_of_session(store: Any) -> None:

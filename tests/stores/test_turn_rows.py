@@ -71,4 +71,4 @@ def test_a_version_4_store_gains_the_running_mark(tmp_path: Path) -> None:
         store.append("mm", [user("x")], turns=1, next_call_id=1, untrusted=False, running=True)
         assert [r.id for r in store.interrupted()] == ["mm"]
     with raw_db(db) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone() == (5,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (6,)
