@@ -390,6 +390,16 @@ class ClusterRuntime(Runtime):
         self._halt.set()
         for poller in self._pollers:
             poller.join(timeout=POLL_WAIT_S + 5.0)
+        # Every event handed over is acknowledged, so the outbox keeps only what was not.
+        closing = [
+            shard.close_events.remote(seen, timeout)
+            for shard, seen, last in zip(self._shards, self._seen, lasts, strict=True)
+            if last is not None
+        ]
+        try:
+            ray.get(closing, timeout=timeout + 5.0)
+        except Exception as exc:
+            log.warning("the shards' outboxes were not closed cleanly: %s", exc)
         for shard in self._shards:
             ray.kill(shard, no_restart=True)
         if self._owns_ray:

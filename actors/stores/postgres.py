@@ -44,6 +44,7 @@ from actors.stores.memory import (
     check_room,
     entry_text,
 )
+from actors.stores.outbox_rows import OUTBOX_TABLE, OutboxRows
 from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, now
 from messages.background import BackgroundRow
@@ -60,11 +61,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PG_SCHEMA_VERSION = 4
+PG_SCHEMA_VERSION = 5
 """The schema this module writes, kept in ``loopd_meta``. Version 1 had no ``agent``: its
 sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
 ``loopd_approvals``. Version 3 had no ``running`` flag on sessions, no
-``loopd_a2a_tasks`` and no ``loopd_remote_tasks`` (A2A children)."""
+``loopd_a2a_tasks`` and no ``loopd_remote_tasks`` (A2A children). Version 4 had no
+``loopd_outbox`` (a cluster shard's events not yet handed over)."""
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
@@ -123,6 +125,8 @@ _SCHEMA = (
         first_seen TIMESTAMPTZ)""",
     # Version 4 (A2A calling out): the remote children's rows (remote_rows).
     remote_table(PG),
+    # Version 5: a cluster shard's events not yet handed to its driver (outbox_rows).
+    OUTBOX_TABLE,
 )
 
 
@@ -145,7 +149,7 @@ def lock_key(session: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgSessionStore(SqlSessionStore):
+class PgSessionStore(SqlSessionStore, OutboxRows):
     """Sessions in PostgreSQL: the same calls and errors as the SQLite store's.
 
     One connection, owned by the thread that calls (the store actor's); a lock serialises the

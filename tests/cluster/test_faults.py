@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import psycopg
 import pytest
 
 from actors import Config, ModelConfig, Runtime
@@ -50,7 +52,9 @@ def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repai
     model = ModelConfig(base_url=server.base_url, name="local", timeout_s=WAIT, retries=0)
     rt = loopd_runtime(config=loopd_config.replace(model=model))
     ended: queue.Queue[TurnEnded] = queue.Queue()
+    told: list[bytes] = []
     rt.subscribe(lambda e: ended.put(e) if isinstance(e, TurnEnded) else None)
+    rt.subscribe(lambda e: told.append(msgspec.msgpack.encode(e)))
     shard = rt.shard_of("mm-thread")
     pid = rt.shard_pid(shard)
     answers: dict[str, Any] = {}
@@ -101,6 +105,9 @@ def test_a_shard_killed_with_a_child_in_flight_fails_the_turn_and_the_next_repai
     last = server.requests[-1]
     tool_texts = [m["content"] for m in last["messages"] if m["role"] == "tool"]
     assert tool_texts == ["sub-mm-thread-1 failed", "sub-mm-thread-2 completed\nchild done"]
+    # Across the restart, the shard's outbox handed each event over once.
+    rt.stop()
+    assert len(told) == len(set(told)) > 0
 
 
 def test_a_cluster_start_tells_its_subscribers_the_turns_a_crash_cut_off(
@@ -126,6 +133,9 @@ def test_a_cluster_start_tells_its_subscribers_the_turns_a_crash_cut_off(
     with PgSessionStore(pg_url) as store:
         assert store.interrupted() == []
     assert rt.shard_count == 2
+    rt.stop()  # every event was handed over and acknowledged: the outbox is empty
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM loopd_outbox").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("engine", ["none", "ray"])

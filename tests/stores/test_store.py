@@ -1045,7 +1045,7 @@ def test_a_version_1_postgresql_store_gains_the_agent_column(
         ]
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT value FROM loopd_meta WHERE key = 'schema'").fetchone()
-    assert row == (str(PG_SCHEMA_VERSION),) == ("4",)
+    assert row == (str(PG_SCHEMA_VERSION),) == ("5",)
 
 
 # --- Memory and scheduler state in a PostgreSQL that restarts or goes away --------------------
