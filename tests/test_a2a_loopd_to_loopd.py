@@ -9,6 +9,7 @@ second runtime started here (``[agents.far] a2a_url``, the service's token in ``
   failed.
 - A parent whose id is long still gets a remote task: the ``contextId`` the caller sends is a
   session id the remote loopd takes (at most 64 bytes).
+- The A2A service loads the CA bundle once (bench/bench_a2a.py found it loaded twice a call).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from a2a.types import GetTaskRequest, TaskState
 from actors import Config, Runtime
 from actors.core.config import AgentConfig
 from actors.core.remote import remote_context_id
+from actors.dispatcher.directory import Directory
+from actors.services.a2a import A2aService
 from actors.stores.sqlite import DB_NAME, SessionStore
 from actors.testing import ChatServer, ScriptedModel, call, reply
 from actors.testing.chat_server import Delayed
@@ -318,3 +321,14 @@ def test_remote_context_id_is_a_top_level_session_id_of_at_most_64_bytes() -> No
         context = remote_context_id(child, "0123456789ab")
         assert check_top_level_session(context) == context and len(context) == 64
         assert context.startswith("loopd-sub-") and context.endswith("-0123456789ab")
+
+
+def test_the_a2a_service_loads_the_ca_bundle_once_for_every_client() -> None:
+    # Each transport loading its own (httpx's default) cost some 20 ms of CPU, twice a call.
+    service = A2aService({}, Directory(), result_cap=100)
+
+    def context_of(client: httpx.AsyncClient) -> Any:
+        return client._transport._inner._pool._ssl_context  # type: ignore[attr-defined]
+
+    first, second = service._http({}, 10), service._http({}, 20)
+    assert context_of(first) is context_of(second) is not None

@@ -156,6 +156,7 @@ class _Follow:
     job: asyncio.Task[None] | None = None
     task_id: str = ""
     cancelled: bool = False
+    sending: asyncio.Future[Any] | None = None  # the SendMessage, shielded from a cancel
 
 
 class A2aService:
@@ -337,7 +338,7 @@ class A2aService:
                     )
                     ended, cancel = await self._run(follow, client)
                 except asyncio.CancelledError:
-                    await self._cancel_remote(client, follow.task_id, msg.url)
+                    await self._cancel_remote(client, await self._late_id(follow), msg.url)
                     raise
                 if cancel:  # it asked for input: nobody will give it
                     await self._cancel_remote(client, follow.task_id, msg.url)
@@ -368,10 +369,10 @@ class A2aService:
         request = SendMessageRequest(
             message=message, configuration=SendMessageConfiguration(return_immediately=True)
         )
-        first: Any = None
-        async for event in client.send_message(request):
-            first = event
-            break
+        # Shielded: a cancel during the send lets it finish (see _late_id), or the remote
+        # task it starts would run on with nobody to cancel it.
+        follow.sending = asyncio.ensure_future(self._send(client, request))
+        first = await asyncio.shield(follow.sending)
         if first is None or first.HasField("message"):
             # A plain message answers at once: no task to follow.
             parts = MessageToDict(first.message).get("parts") if first is not None else None
@@ -396,6 +397,32 @@ class A2aService:
             task = await client.get_task(GetTaskRequest(id=follow.task_id))
             if task.id != follow.task_id:
                 raise RemoteRefused(f"GetTask {follow.task_id[:80]} answered another task")
+
+    @staticmethod
+    async def _send(client: Any, request: SendMessageRequest) -> Any:
+        """The first answer to ``request`` (the task, or a message), or None."""
+        stream = client.send_message(request)
+        try:
+            async for event in stream:
+                return event
+            return None
+        finally:
+            await stream.aclose()
+
+    @staticmethod
+    async def _late_id(follow: _Follow) -> str:
+        """The remote task's id, for its cancel. A cancel that came while the task was being
+        sent waits for the send's answer (at most a few seconds): the remote may have started
+        the task already, and only that answer names it."""
+        if follow.task_id or follow.sending is None:
+            return follow.task_id
+        try:
+            first = await asyncio.wait_for(follow.sending, _CANCEL_S)
+        except Exception:  # it failed or took too long: no task to name
+            return ""
+        if first is not None and first.HasField("task"):
+            return str(first.task.id)
+        return ""
 
     async def _cancel_remote(self, client: Any, task_id: str, url: str) -> None:
         """``CancelTask`` for ``task_id`` (none: nothing), best effort, at most a few seconds."""
