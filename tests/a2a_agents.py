@@ -7,6 +7,8 @@ One server on a free port of 127.0.0.1 serves each agent under its own prefix (i
 - ``slow`` works until cancelled (or ``SLOW_S``), and records the id of each task cancelled;
 - ``fail`` fails with the status ``it broke``;
 - ``ask`` asks for input (``which one?``);
+- ``late`` is ``slow``, but answers ``SendMessage`` only ``LATE_S`` after its task started
+  (its first event comes late): a cancel can come before the caller knows the task's id;
 - ``data`` completes with a data part ``{"n": 3, "ok": true}``;
 - ``secret`` is ``echo`` behind a required header ``X-Key: sekret`` (401 without it);
 - ``hostile`` serves whatever ``HOSTILE`` holds as raw bytes: a card at ``/hostile/card`` and
@@ -45,7 +47,10 @@ from starlette.routing import Mount, Route
 SLOW_S = 60.0
 """How long the slow agent works when nobody cancels it."""
 
-AGENTS = ("echo", "slow", "fail", "ask", "data", "secret")
+LATE_S = 1.0
+"""How long the late agent holds its first event (the answer to ``SendMessage``)."""
+
+AGENTS = ("echo", "slow", "late", "fail", "ask", "data", "secret")
 
 
 class Recorder:
@@ -90,11 +95,16 @@ class Agent(AgentExecutor):
         text = context.get_user_input()
         message = context.message
         history = [message] if message is not None else []
+        if self.kind == "late":
+            with self.recorder.lock:
+                self.recorder.started.append(task_id)
+            await asyncio.sleep(LATE_S)
         task = new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=history)
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task_id, context_id)
         with self.recorder.lock:
-            self.recorder.started.append(task_id)
+            if self.kind != "late":
+                self.recorder.started.append(task_id)
             self.recorder.texts.append(text)
         await updater.start_work()
         kind = self.kind
@@ -108,7 +118,7 @@ class Agent(AgentExecutor):
             await updater.failed(self._said("it broke", task_id, context_id))
         elif kind == "ask":
             await updater.requires_input(self._said("which one?", task_id, context_id))
-        elif kind == "slow":
+        elif kind in ("slow", "late"):
             stop = self.stops.setdefault(task_id, asyncio.Event())
             try:
                 await asyncio.wait_for(stop.wait(), SLOW_S)

@@ -286,6 +286,28 @@ def test_cancelling_the_parent_cancels_the_remote_task(
     assert remote_rows(r.config.home) == []
 
 
+def test_a_cancel_before_the_remote_gave_its_task_id_still_cancels_the_task(
+    agents: A2aAgents, run: Callable[..., Run]
+) -> None:
+    # The late agent answers SendMessage a second after its task started: the cancel comes
+    # while the send is under way. The send is let finish, and the task it names cancelled.
+    r = run(agents.url("late"))
+    before = len(agents.recorder.started)
+    done = threading.Event()
+
+    def turn() -> None:
+        r.runtime.run_turn("mm", "go", timeout=WAIT)
+        done.set()
+
+    threading.Thread(target=turn, daemon=True).start()
+    task_id = _next_started(agents, before)  # started, its id not yet sent back
+    assert r.runtime.cancel("mm") == ("mm", "sub-mm-1")
+    assert done.wait(WAIT)
+    agents.recorder.wait_cancelled(task_id)
+    r.stop()
+    assert remote_rows(r.config.home) == []
+
+
 def test_child_timeout_cancels_the_remote_task(agents: A2aAgents, run: Callable[..., Run]) -> None:
     before = len(agents.recorder.started)
     r = run(agents.url("slow"), loop={"child_timeout_s": 3.0})
