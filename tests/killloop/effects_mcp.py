@@ -52,6 +52,9 @@ def main() -> None:
     _fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     _run = sys.argv[2]
     server.run()  # MCP over stdin and stdout, until stdin closes
+    # Every line is synced already: skip the teardown of the SDK's modules (about 0.15 s), so
+    # a stopping runtime does not wait for it.
+    os._exit(0)
 
 
 if __name__ == "__main__":
