@@ -48,6 +48,7 @@ from actors.stores.outbox_rows import OUTBOX_TABLE, OutboxRows
 from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, now
 from messages.background import BackgroundRow
+from messages.ids import family_root
 
 __all__ = [
     "PG",
@@ -276,11 +277,20 @@ class PgSessionStore(SqlSessionStore, OutboxRows):
         self._locked.add(id)
 
     def refuse_if_run_elsewhere(self, cur: Any, session: str) -> None:
-        """Raise :class:`SessionHeldElsewhere` if another connection holds ``session``'s
-        advisory lock (a process runs it now). It only looks: two decisions from outside do
-        not lock each other out (the row's update decides between them)."""
-        if self._held_elsewhere(cur, session):
+        """Raise :class:`SessionHeldElsewhere` if another connection holds the advisory lock
+        of ``session`` or of its family's top-level session (a process runs the family now: a
+        child's own lock goes with its actor, its root's stays while the family runs). It
+        only looks: two decisions from outside do not lock each other out (the row's update
+        decides between them)."""
+        if self.held_elsewhere_in(cur, session):
             raise SessionHeldElsewhere(session)
+
+    def held_elsewhere_in(self, cur: Any, session: str) -> bool:
+        """Whether another connection holds the lock of ``session`` or of its family's root."""
+        root = family_root(session)
+        return self._held_elsewhere(cur, session) or (
+            root != session and self._held_elsewhere(cur, root)
+        )
 
     def _held_elsewhere(self, cur: Any, session: str) -> bool:
         key = lock_key(session) & 0xFFFFFFFFFFFFFFFF  # as pg_locks shows a bigint key
