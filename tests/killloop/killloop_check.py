@@ -40,6 +40,7 @@ GUARANTEES = (
     "transcripts valid",
     "waiters answered",
     "one runner per family",
+    "budgets counted",
 )
 
 
@@ -163,6 +164,16 @@ def check_iteration(
         ]
         if not stored:
             bad(lost, e["session"], f"ModelAnswered step {e['step']} told, answer not stored")
+        elif not any(_usage(m.usage) == _usage(e.get("usage")) for m in stored):
+            # The tokens told with an answer are stored with it: what a resumed turn's budget
+            # counts from.
+            told = _usage(e.get("usage"))
+            kept = [_usage(m.usage) for m in stored]
+            bad(
+                "budgets counted",
+                e["session"],
+                f"ModelAnswered step {e['step']} told usage {told}, stored {kept}",
+            )
 
     # A result told is stored, and is the result told (not the interrupted denial).
     completed_children = {
@@ -374,6 +385,19 @@ def check_probe(probe: list[dict[str, Any]]) -> list[Violation]:
     elif sum(1 for line in probe if line["kind"] == "outcome") != 3:
         found.append(Violation("waiters answered", "-", "a turn of the second process unanswered"))
     return found
+
+
+def _usage(usage: Any) -> tuple[int, int, int]:
+    """Prompt tokens, completion tokens and requests of a usage (a Usage, its JSON, or None)."""
+    if usage is None:
+        return (0, 0, 0)
+    if isinstance(usage, dict):
+        return (
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+            usage.get("requests", 0),
+        )
+    return (usage.prompt_tokens, usage.completion_tokens, usage.requests)
 
 
 def _same_json(a: str | None, b: str) -> bool:

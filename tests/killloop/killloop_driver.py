@@ -59,7 +59,7 @@ from actors.core.mcp_config import McpServerConfig
 from actors.core.turn import COMPACT_INSTRUCTION
 from actors.stores.sqlite import SessionStore
 from actors.testing import ScriptedModel, calls, reply
-from actors.testing.script import Answer
+from actors.testing.script import Answer, with_usage
 from messages import (
     ApprovalRequested,
     ModelRequest,
@@ -159,6 +159,12 @@ def make_script(rng: random.Random, settle: bool):
     lock = threading.Lock()
 
     def script(request: ModelRequest) -> Answer:
+        # Every answer reports its tokens, different from answer to answer, so the checker
+        # can tell that the usage told with an answer is the usage stored with it.
+        prompt = sum(len(m.content or "") for m in request.messages) // 4 + 1
+        return with_usage(answer(request), prompt, 1 + len(request.messages) % 17)
+
+    def answer(request: ModelRequest) -> Answer:
         with lock:
             roll, token, n = rng.random(), rng.getrandbits(40), rng.randint(1, 3)
             mix = rng.getrandbits(4)  # bit i: the answer's i-th side effect goes to MCP

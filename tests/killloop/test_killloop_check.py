@@ -1,5 +1,6 @@
-"""The kill loop's at-most-once check itself, on a side-effect log written by hand: a port
-call is counted by its session and call id, an MCP call by the key its arguments passed."""
+"""The kill loop's checks themselves, on logs and stores written by hand: a port call is
+counted by its session and call id, an MCP call by the key its arguments passed; the usage
+told with an answer must be the usage stored with it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from killloop_check import StoreView, check_iteration
 
 from actors.stores.sqlite import SessionStore
+from messages.chat import Baseline, ChatMessage, Usage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,3 +44,25 @@ def test_an_mcp_key_seen_twice_is_a_violation(tmp_path: Path) -> None:
 def test_a_port_call_seen_twice_is_still_a_violation(tmp_path: Path) -> None:
     effects = [port("kl-a", 3), mcp("kl-a:00ff:0"), port("kl-a", 3)]
     assert at_most_once(tmp_path, effects) == ["call 3 ran 2 times"]
+
+
+def test_usage_told_with_an_answer_must_be_the_usage_stored_with_it(tmp_path: Path) -> None:
+    db = tmp_path / "loopd.db"
+    with SessionStore(db) as store:
+        store.create("kl-a", Baseline(system="s"), 0)
+        answer = ChatMessage(role="assistant", content="hi", usage=Usage(40, 3, requests=1))
+        store.append("kl-a", [answer], turns=1, next_call_id=1, untrusted=False)
+
+    def told(prompt: int) -> dict[str, Any]:
+        usage = {"prompt_tokens": prompt, "completion_tokens": 3, "requests": 1}
+        event = {"session": "kl-a", "step": 1, "content": "hi", "tools": [], "usage": usage}
+        return {"run": "work-1", "kind": "event", "tag": "ModelAnswered", "event": event}
+
+    def budget_faults(work: list[dict[str, Any]]) -> list[str]:
+        found = check_iteration(work, [], [], StoreView(db), settled=True)
+        return [v.detail for v in found if v.guarantee == "budgets counted"]
+
+    assert budget_faults([told(40)]) == []
+    assert budget_faults([told(41)]) == [
+        "ModelAnswered step 1 told usage (41, 3, 1), stored [(40, 3, 1)]"
+    ]
