@@ -309,8 +309,8 @@ class PgSessionStore(SqlSessionStore, OutboxRows):
         return tuple(
             row
             for row in super().load_background_in(cur)
-            if not self._held_elsewhere(cur, row.child)
-            and not self._held_elsewhere(cur, row.parent)
+            if not self.held_elsewhere_in(cur, row.child)
+            and not self.held_elsewhere_in(cur, row.parent)
         )
 
     def release(self, id: str) -> None:

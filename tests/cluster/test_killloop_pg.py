@@ -203,3 +203,24 @@ def test_only_the_family_roots_lock_makes_a_child_held_elsewhere(pg_url: str) ->
             assert store.held_elsewhere_in(cur, "p")
             assert not store.held_elsewhere_in(cur, "sub-q-1")  # another family
             assert not store.held_elsewhere_in(cur, "sub-pp-1")
+
+
+def test_a_start_leaves_a_running_child_of_a_family_held_elsewhere_alone(pg_url: str) -> None:
+    """What the kill loop's second process found next: a child's record is stored running
+    before its actor opens it (and takes its lock), and a start beside the live holder took
+    that child for cut off and ended it. The family's top-level lock keeps it the holder's."""
+    import psycopg
+
+    from messages.chat import Baseline, ChatMessage
+
+    with PgSessionStore(pg_url) as store:
+        for session in ("p", "sub-p-1"):
+            store.create(session, Baseline(system="s"), 0)
+            first = [ChatMessage(role="user", content="go")]
+            store.append(session, first, turns=1, next_call_id=1, untrusted=False, running=True)
+    with psycopg.connect(pg_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (lock_key("p"),))  # the live holder's
+        with PgSessionStore(pg_url) as second:
+            assert second.interrupted() == []  # neither p nor its child
+    with PgSessionStore(pg_url) as after_the_holder:  # the holder is gone: both are cut off
+        assert [r.id for r in after_the_holder.interrupted()] == ["p", "sub-p-1"]
