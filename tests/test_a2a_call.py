@@ -75,26 +75,27 @@ class Run:
             **({"loop": LoopConfig(**loop)} if loop else {}),
         )
         self.events: list[Any] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.runtime = Runtime.start(self.config, model=ScriptedModel(delegate()))
         self.runtime.subscribe(self._seen)
 
     def _seen(self, event: Any) -> None:
         with self.lock:
             self.events.append(event)
+            self.lock.notify_all()
 
     def finished(self) -> SubagentFinished:
         """The parent's SubagentFinished (told once its result is stored)."""
-        import time
+        with self.lock:
+            found: list[SubagentFinished] = []
 
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            with self.lock:
-                found = [e for e in self.events if isinstance(e, SubagentFinished)]
-            if found:
-                return found[0]
-            time.sleep(0.01)
-        raise AssertionError("no SubagentFinished")
+            def seen() -> bool:
+                found[:] = [e for e in self.events if isinstance(e, SubagentFinished)]
+                return bool(found)
+
+            if not self.lock.wait_for(seen, WAIT):
+                raise AssertionError("no SubagentFinished")
+            return found[0]
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
@@ -320,15 +321,7 @@ def test_child_timeout_cancels_the_remote_task(agents: A2aAgents, run: Callable[
 
 
 def _next_started(agents: A2aAgents, before: int) -> str:
-    import time
-
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        with agents.recorder.lock:
-            if len(agents.recorder.started) > before:
-                return agents.recorder.started[before]
-        time.sleep(0.01)
-    raise AssertionError("the slow agent got no task")
+    return agents.recorder.wait_started(WAIT, after=before)
 
 
 def _wait_row(r: Run, task_id: str) -> None:

@@ -178,23 +178,23 @@ class Near:
         self.config = Config(home=str(home), agents={"far": far})
         self.runtime = Runtime.start(self.config, model=ScriptedModel(delegate(task)))
         self.events: list[Any] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.runtime.subscribe(self._seen)
 
     def _seen(self, event: Any) -> None:
         with self.lock:
             self.events.append(event)
+            self.lock.notify_all()
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
             return [e for e in self.events if isinstance(e, kind)]
 
     def wait_for(self, kind: type) -> Any:
-        deadline = time.monotonic() + WAIT
-        while not (found := self.of(kind)):
-            assert time.monotonic() < deadline, f"no {kind.__name__} within {WAIT} s"
-            time.sleep(0.01)
-        return found[0]
+        with self.lock:
+            if not self.lock.wait_for(lambda: self.of(kind), WAIT):
+                raise AssertionError(f"no {kind.__name__} within {WAIT} s")
+            return self.of(kind)[0]
 
     def remote_task_id(self) -> str:
         """The remote task's id, once the caller has stored it (its row in ``remote_tasks``)."""
