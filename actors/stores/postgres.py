@@ -51,6 +51,7 @@ from messages.background import BackgroundRow
 from messages.ids import family_root
 
 __all__ = [
+    "HOLDER_LEASE_S",
     "PG",
     "PG_SCHEMA_VERSION",
     "PgMemory",
@@ -71,6 +72,14 @@ sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
+
+_SERVER_KEEPALIVES = (
+    "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+)
+
+HOLDER_LEASE_S = 25
+"""How long the server keeps a vanished holder's connection (and its locks): 10 s idle, then
+three unanswered probes 5 s apart. A holder that was killed closes its socket: at once."""
 
 _SCHEMA_LOCK = 0x6C6F6F7064  # "loopd": one migration at a time across processes
 
@@ -202,8 +211,10 @@ class PgSessionStore(SqlSessionStore, OutboxRows):
                 autocommit=True,  # each method states its own BEGIN and COMMIT
                 connect_timeout=max(1, round(self.connect_timeout_s)),
                 # A server that hangs fails the statement instead of the turn waiting forever;
-                # every statement of loopd's is short.
-                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                # every statement of loopd's is short. The server's keepalives on this
+                # connection are its lease: a holder whose machine vanished loses its
+                # connection, and with it its sessions' locks, within HOLDER_LEASE_S.
+                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS} {_SERVER_KEEPALIVES}",
                 # Keepalives: a server that vanished without closing the socket is noticed.
                 keepalives=1,
                 keepalives_idle=5,

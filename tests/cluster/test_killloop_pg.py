@@ -224,3 +224,18 @@ def test_a_start_leaves_a_running_child_of_a_family_held_elsewhere_alone(pg_url:
             assert second.interrupted() == []  # neither p nor its child
     with PgSessionStore(pg_url) as after_the_holder:  # the holder is gone: both are cut off
         assert [r.id for r in after_the_holder.interrupted()] == ["p", "sub-p-1"]
+
+
+def test_the_server_drops_a_vanished_holder_within_its_lease(pg_url: str) -> None:
+    """A holder killed closes its socket and loses its locks at once; one whose machine
+    vanished is dropped by the server's keepalives on its connection: loopd sets them, so the
+    lease is HOLDER_LEASE_S, not the operating system's two hours."""
+    from actors.stores.postgres import HOLDER_LEASE_S
+
+    with PgSessionStore(pg_url) as store, store._transaction("*", "look", write=False) as cur:
+        idle, interval, count = (
+            int(cur.execute(f"SHOW tcp_keepalives_{name}").fetchone()[0])
+            for name in ("idle", "interval", "count")
+        )
+    assert (idle, interval, count) == (10, 5, 3)
+    assert idle + interval * count == HOLDER_LEASE_S
