@@ -54,7 +54,6 @@ from messages import (
     StoredApproval,
     SubagentResult,
     ToolCall,
-    ToolCallFinished,
     ToolResult,
     TurnCompleted,
     TurnOutcome,
@@ -194,16 +193,14 @@ def carry_out(turn: Turn, call: ToolCall, work: list[Effect]) -> list[Effect]:
     answer is made now, at the time it runs."""
     if work:
         return work
-    text = clock_text(turn.clock())
-    turn._results[call.id] = ToolResult(call.id, text)
-    return [Emit(ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name))]
+    # Stored, then told: its ToolCallFinished waits for the result's commit (SPEC 18).
+    return turn.tool_result(ToolResult(call.id, clock_text(turn.clock())))
 
 
 def deny_now(turn: Turn, call: ToolCall, text: str) -> list[Effect]:
-    """``call`` answers the denial ``text`` (during the dispatch of its answer)."""
-    turn._results[call.id] = ToolResult(call.id, text, denied=True)
-    finished = ToolCallFinished(session=turn.state.id, call_id=call.id, name=call.name, denied=True)
-    return [Emit(finished)]
+    """``call`` answers the denial ``text`` (during the dispatch of its answer, or once a
+    person declined it): stored, then its ``ToolCallFinished`` told."""
+    return turn.tool_result(ToolResult(call.id, text, denied=True))
 
 
 def decline(turn: Turn, call: ToolCall, reason: str) -> list[Effect]:
