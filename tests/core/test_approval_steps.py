@@ -170,7 +170,10 @@ def test_arguments_the_tools_schema_refuses_are_denied_and_nobody_is_asked() -> 
     effects = answered(turn, ("deploy", "{}"))
     assert not only(effects, AskApproval) and not only(effects, CallPort)
     saved = one(effects, Persist)
-    assert saved.messages[0].content == "Denied: the arguments are not valid for this tool: env is required."
+    assert (
+        saved.messages[0].content
+        == "Denied: the arguments are not valid for this tool: env is required."
+    )
     assert turn.wait.held == {} and turn.wait.asked == []
     assert not events(effects, ToolCallFinished)  # told once its result is stored (SPEC 18)
     finished = events(stored_results(turn, effects), ToolCallFinished)
@@ -374,8 +377,8 @@ def test_a_park_stores_the_results_not_stored_yet() -> None:
     assert turn.park() is None  # its write is in flight
     turn = new_turn(("deploy",))
     held(turn, ("deploy", "{}"))
-    turn._results[9] = ToolResult(9, "x")  # noqa: SLF001 - a result made up, not stored
-    turn._calls.append(ToolCall(9, "status", "{}"))  # noqa: SLF001
+    turn._results[9] = ToolResult(9, "x")
+    turn._calls.append(ToolCall(9, "status", "{}"))
     parked = turn.park()
     assert parked is not None
     saved = one(parked, Persist)

@@ -29,7 +29,9 @@ NOW = datetime(2026, 12, 6, 2, 0, tzinfo=UTC)
 def entry(
     session: str = "s", call_id: int = 1, *, at: datetime = NOW, timeout_s: float = 60.0, **more
 ) -> StoredApproval:
-    request = ApprovalRequested(session=session, call_id=call_id, tool="deploy", arguments="{}", at=at)
+    request = ApprovalRequested(
+        session=session, call_id=call_id, tool="deploy", arguments="{}", at=at
+    )
     return StoredApproval(request, at + timedelta(seconds=timeout_s), **more)
 
 
@@ -62,9 +64,7 @@ def test_a_declined_calls_text_caps_and_neutralises_its_reason() -> None:
 
 
 def test_a_decision_from_outside_a_runtime_is_refused_when_it_would_never_run() -> None:
-    assert shell_refusal(None, "s", 4, NOW) == (
-        "call 4 of session s is not waiting for a decision"
-    )
+    assert shell_refusal(None, "s", 4, NOW) == ("call 4 of session s is not waiting for a decision")
     decided = entry(approved=True)
     assert shell_refusal(decided, "s", 1, NOW) == (
         "call 1 of session s is not waiting for a decision"

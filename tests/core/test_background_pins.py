@@ -16,12 +16,12 @@ from messages import (
     BackgroundRow,
     BackgroundSaved,
     DropBackground,
+    FailReason,
     LoadBackground,
     RunTurn,
+    SaveBackground,
     SessionLoaded,
     SessionRecord,
-    FailReason,
-    SaveBackground,
     SubagentFailed,
     SubagentFinished,
     SubagentRequest,
@@ -98,7 +98,9 @@ def test_a_report_the_store_refused_is_not_delivered(tmp_path) -> None:
 def test_a_stored_background_child_answers_its_call_started(tmp_path) -> None:
     shell = Shell(tmp_path)
     shell.user_turn("p", "w")
-    effects = shell.stored(shell.run(shell.state.spawn(SubagentRequest("p", 4, "t", background=True))))
+    effects = shell.stored(
+        shell.run(shell.state.spawn(SubagentRequest("p", 4, "t", background=True)))
+    )
     (answer,) = [e.message for e in of(ToSession, effects)]
     assert answer == ToolDone("p", ToolResult(4, "sub-p-4 started in the background"))
 

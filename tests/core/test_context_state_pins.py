@@ -171,9 +171,13 @@ def test_a_session_actor_that_cannot_start_fails_the_turn_crashed(tmp_path) -> N
 
 def test_a_stored_session_of_another_profile_is_refused_and_freed(tmp_path) -> None:
     shell = typed_shell(tmp_path)
-    (opening,) = shell.run(shell.state.start_turn(StartTurn("s", "hi", reply_to="w", agent="typed")))
+    (opening,) = shell.run(
+        shell.state.start_turn(StartTurn("s", "hi", reply_to="w", agent="typed"))
+    )
     record = SessionRecord("s", BASELINE, 0, (), 0, 1, False)  # stored with "default"
-    effects = shell.run(shell.state.loaded(SessionLoaded(record, False, opening.message.request_id)))
+    effects = shell.run(
+        shell.state.loaded(SessionLoaded(record, False, opening.message.request_id))
+    )
     detail = "session s runs the agent profile default, not typed: a stored session keeps its agent"
     assert replies(effects) == [("w", TurnFailed("s", FailReason.WRONG_AGENT, detail))]
     assert not of(Emit, effects)  # nothing began
@@ -188,7 +192,9 @@ def test_a_stored_session_of_another_output_is_refused_naming_it(tmp_path) -> No
     start = StartTurn("s", "hi", reply_to="w", output=output)
     (opening,) = shell.run(shell.state.start_turn(start))
     record = SessionRecord("s", BASELINE, 0, (), 0, 1, False)  # stored untyped
-    effects = shell.run(shell.state.loaded(SessionLoaded(record, False, opening.message.request_id)))
+    effects = shell.run(
+        shell.state.loaded(SessionLoaded(record, False, opening.message.request_id))
+    )
     [(waiter, failed)] = replies(effects)
     assert waiter == "w" and failed.reason is FailReason.WRONG_OUTPUT
     assert "session s" in failed.detail
@@ -244,7 +250,9 @@ def test_an_actor_that_crashed_while_idle_is_no_candidate_to_passivate(tmp_path)
     shell.run(shell.state.turn_ended(SessionTurnEnded("c", TurnCompleted("c", "ok"), 1, False)))
     (opening,) = shell.run(shell.state.start_turn(StartTurn("d", "hi", reply_to="w")))
     record = SessionRecord("d", BASELINE, 0, (), 0, 1, False)
-    effects = shell.run(shell.state.loaded(SessionLoaded(record, False, opening.message.request_id)))
+    effects = shell.run(
+        shell.state.loaded(SessionLoaded(record, False, opening.message.request_id))
+    )
     assert [str(e.ref) for e in of(StopSession, effects)] == [f"ref:b:{incarnations['b']}"]
 
 
@@ -265,7 +273,7 @@ def test_a_held_session_is_never_passivated(tmp_path, caplog) -> None:
     shell = ContextShell(tmp_path)
     shell.open_and_run("a", "w")
     with caplog.at_level(logging.ERROR, logger="actors.core.context_state"):
-        assert shell.state._passivate("a", "a test") == []  # noqa: SLF001 - its own guard
+        assert shell.state._passivate("a", "a test") == []
     assert shell.state.status() == ContextStatus(held=("a",), live=("a",))
     assert "context: a is not an idle live session; not passivated" in caplog.messages
 
@@ -357,7 +365,9 @@ def test_a_turns_trace_context_reaches_the_session_actor(tmp_path) -> None:
     trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     (opening,) = shell.run(shell.state.start_turn(StartTurn("s", "hi", reply_to="w", trace=trace)))
     record = SessionRecord("s", BASELINE, 0, (), 0, 1, False)
-    effects = shell.run(shell.state.loaded(SessionLoaded(record, False, opening.message.request_id)))
+    effects = shell.run(
+        shell.state.loaded(SessionLoaded(record, False, opening.message.request_id))
+    )
     (tell,) = of(TellSession, effects)
     assert tell.message.trace == trace
 
@@ -366,7 +376,9 @@ def test_a_live_typed_session_runs_its_next_typed_turn(tmp_path) -> None:
     shell = ContextShell(tmp_path)
     output = ToolSpec("final_answer", "the answer", {"type": "object"})
     typed = Baseline("be brief", (output,))
-    (opening,) = shell.run(shell.state.start_turn(StartTurn("s", "hi", reply_to="w", output=output)))
+    (opening,) = shell.run(
+        shell.state.start_turn(StartTurn("s", "hi", reply_to="w", output=output))
+    )
     record = SessionRecord("s", typed, 0, (), 0, 1, False)
     shell.run(shell.state.loaded(SessionLoaded(record, False, opening.message.request_id)))
     shell.run(shell.state.turn_ended(SessionTurnEnded("s", TurnCompleted("s", "{}"), 1, False)))

@@ -9,7 +9,15 @@ import itertools
 from datetime import UTC, datetime
 
 import msgspec
-from test_turn_limits import COMPACT_INSTRUCTION, SUMMARY_PREFIX, old_history, one, only, reply, saved
+from test_turn_limits import (
+    COMPACT_INSTRUCTION,
+    SUMMARY_PREFIX,
+    old_history,
+    one,
+    only,
+    reply,
+    saved,
+)
 
 from actors.core.approvals import ApprovalPolicy
 from actors.core.dispatch import Registry
@@ -256,7 +264,12 @@ def test_a_turn_compacts_its_history_once_however_long_it_grows() -> None:
     summary_request = one(saved(turn, turn.start("what now?")), RequestModel)
     compact = one(turn.model_answer(reply(summary_request, "we talked")), Compact)
     request = one(saved(turn, turn.persisted(compact.request_id)), RequestModel)
-    effects = saved(turn, turn.model_answer(reply(request, None, ("lookup", "{}"), ("lookup", "{}"), ("lookup", "{}"))))
+    effects = saved(
+        turn,
+        turn.model_answer(
+            reply(request, None, ("lookup", "{}"), ("lookup", "{}"), ("lookup", "{}"))
+        ),
+    )
     for port in only(effects, CallPort):
         effects = turn.tool_result(ToolResult(port.call_id, "r" * 1000))
         after = turn.persisted(one(effects, Persist).request_id)
