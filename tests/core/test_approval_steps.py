@@ -383,6 +383,7 @@ def test_a_park_stores_the_results_not_stored_yet() -> None:
     assert parked is not None
     saved = one(parked, Persist)
     assert [m.tool_call_id for m in saved.messages] == [9]
+    assert isinstance(saved.request_id, int) and saved.request_id > 0  # numbered: answered
     assert not only(parked, ForgetApprovals)
 
 
@@ -535,6 +536,12 @@ def test_a_resume_with_nothing_open_asks_or_ends() -> None:
     effects = turn.persisted(end.request_id)
     assert [e.completed for e in events(effects, TurnEnded)] == [True]
     assert one(effects, Finish).outcome == TurnCompleted("s", "all done")
+    # An answer stored with no text (and no calls) ends the resumed turn with no text.
+    state = cut_off(1, 2, 3)
+    state.transcript.append(ChatMessage(role="assistant", content=""))
+    turn = new_turn(state=state)
+    end = one(turn.resume(Resume()), Persist)
+    assert one(turn.persisted(end.request_id), Finish).outcome == TurnCompleted("s", "")
     empty = SessionState("s", Baseline("system", REGISTRY.specs()), 0, [])
     assert one(new_turn(state=empty).resume(Resume()), RequestModel)
 
