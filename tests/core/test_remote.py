@@ -217,8 +217,8 @@ def test_a_task_in_an_unknown_state_is_cancelled_and_fails() -> None:
 
 
 def test_a_task_s_words_must_be_valid_unicode() -> None:
-    with pytest.raises(OutOfBounds, match="^the task's status message is not valid Unicode"):
+    with pytest.raises(OutOfBounds, match=r"^the task's status message is not valid Unicode"):
         task_step(task("TASK_STATE_FAILED", "bad \ud800"), 100)
     artifacts = [{"parts": [{"text": "bad \ud800"}]}]
-    with pytest.raises(OutOfBounds, match="^the task's artifacts is not valid Unicode"):
+    with pytest.raises(OutOfBounds, match=r"^the task's artifacts is not valid Unicode"):
         task_step(task("TASK_STATE_COMPLETED", artifacts=artifacts), 100)
