@@ -133,3 +133,15 @@ def test_the_book_of_waiting_calls() -> None:
     assert taken is not None and taken.entry.request.call_id == 2
     assert book.take("s", 2) is None  # of two decisions only the first finds it
     assert len(book) == 2
+
+
+def test_a_refused_call_id_is_shown_whole_up_to_128_bits() -> None:
+    with pytest.raises(ValueError) as raised:
+        check_call_id((1 << 127) + 1)  # 128 bits
+    assert str((1 << 127) + 1) in str(raised.value)
+    with pytest.raises(ValueError, match="not a 129-bit integer"):
+        check_call_id(1 << 128)
+    with pytest.raises(TypeError, match=r"not float \(1\.0\)"):
+        check_call_id(1.0)
+    with pytest.raises(TypeError, match=r"not bool \(True\)"):
+        check_call_id(True)

@@ -222,3 +222,8 @@ def test_a_task_s_words_must_be_valid_unicode() -> None:
     artifacts = [{"parts": [{"text": "bad \ud800"}]}]
     with pytest.raises(OutOfBounds, match=r"^the task's artifacts is not valid Unicode"):
         task_step(task("TASK_STATE_COMPLETED", artifacts=artifacts), 100)
+
+
+def test_a_task_of_several_paragraphs_is_sent_whole() -> None:
+    text = "It is Sunday 6 December 2026, 02:00 UTC.\n\nDeploy it.\n\nThen report."
+    assert remote_task_text(text) == "Deploy it.\n\nThen report."
