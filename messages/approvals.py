@@ -140,11 +140,13 @@ class SettleApproval(Message, frozen=True):
 
 class ApprovalStored(Message, frozen=True):
     """The store's answer to a :class:`SettleApproval`: the decision is committed, or
-    ``error`` says why it is not."""
+    ``error`` says why it is not; ``not_waiting`` when the store holds no waiting call to
+    decide (decided already, or withdrawn, by another process)."""
 
     session: SessionId
     call_id: CallId
     error: str = ""
+    not_waiting: bool = False
 
 
 class DropApprovals(Message, frozen=True):

@@ -14,6 +14,7 @@ __all__ = [
     "check_session_id",
     "check_text",
     "check_top_level_session",
+    "family_root",
 ]
 
 SessionId = Annotated[
@@ -102,3 +103,17 @@ def check_text(value: object, what: str, *, optional: bool = False) -> None:
         raise ValueError(
             f"{what} is not valid Unicode text: a lone surrogate at index {exc.start}"
         ) from None
+
+
+_CHILD = re.compile(r"sub-(.+)-[0-9]+", re.ASCII)
+
+
+def family_root(session: str) -> str:
+    """The top-level id of ``session``'s family: ``sub-<parent>-<n>`` unwrapped to the root.
+
+    ``sub-sub-mm-thread-1-2`` is ``mm-thread``'s grandchild, so its root is ``mm-thread``. Any
+    other id is its own root.
+    """
+    while (match := _CHILD.fullmatch(session)) is not None:
+        session = match[1]
+    return session

@@ -7,6 +7,8 @@ One server on a free port of 127.0.0.1 serves each agent under its own prefix (i
 - ``slow`` works until cancelled (or ``SLOW_S``), and records the id of each task cancelled;
 - ``fail`` fails with the status ``it broke``;
 - ``ask`` asks for input (``which one?``);
+- ``late`` is ``slow``, but answers ``SendMessage`` only ``LATE_S`` after its task started
+  (its first event comes late): a cancel can come before the caller knows the task's id;
 - ``data`` completes with a data part ``{"n": 3, "ok": true}``;
 - ``secret`` is ``echo`` behind a required header ``X-Key: sekret`` (401 without it);
 - ``hostile`` serves whatever ``HOSTILE`` holds as raw bytes: a card at ``/hostile/card`` and
@@ -45,36 +47,40 @@ from starlette.routing import Mount, Route
 SLOW_S = 60.0
 """How long the slow agent works when nobody cancels it."""
 
-AGENTS = ("echo", "slow", "fail", "ask", "data", "secret")
+LATE_S = 1.0
+"""How long the late agent holds its first event (the answer to ``SendMessage``)."""
+
+AGENTS = ("echo", "slow", "late", "fail", "ask", "data", "secret")
 
 
 class Recorder:
     """What the agents saw: tasks started and cancelled, headers of the secret agent."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+        """Held to change or read the lists; notified at every change."""
         self.started: list[str] = []
         self.cancelled: list[str] = []
         self.texts: list[str] = []
 
     def wait_cancelled(self, task_id: str | None = None, timeout: float = 20.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                hits = [t for t in self.cancelled if task_id is None or t == task_id]
-            if hits:
-                return hits[0]
-            time.sleep(0.02)
-        raise AssertionError(f"no cancel of {task_id or 'any task'} within {timeout} s")
+        with self.lock:
+            hits: list[str] = []
 
-    def wait_started(self, timeout: float = 20.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                if self.started:
-                    return self.started[0]
-            time.sleep(0.02)
-        raise AssertionError(f"no task started within {timeout} s")
+            def seen() -> bool:
+                hits[:] = [t for t in self.cancelled if task_id is None or t == task_id]
+                return bool(hits)
+
+            if not self.lock.wait_for(seen, timeout):
+                raise AssertionError(f"no cancel of {task_id or 'any task'} within {timeout} s")
+            return hits[0]
+
+    def wait_started(self, timeout: float = 20.0, after: int = 0) -> str:
+        """The id of the task started after the first ``after`` ones."""
+        with self.lock:
+            if not self.lock.wait_for(lambda: len(self.started) > after, timeout):
+                raise AssertionError(f"no task started within {timeout} s")
+            return self.started[after]
 
 
 class Agent(AgentExecutor):
@@ -90,12 +96,19 @@ class Agent(AgentExecutor):
         text = context.get_user_input()
         message = context.message
         history = [message] if message is not None else []
+        if self.kind == "late":
+            with self.recorder.lock:
+                self.recorder.started.append(task_id)
+                self.recorder.lock.notify_all()
+            await asyncio.sleep(LATE_S)
         task = new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=history)
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task_id, context_id)
         with self.recorder.lock:
-            self.recorder.started.append(task_id)
+            if self.kind != "late":
+                self.recorder.started.append(task_id)
             self.recorder.texts.append(text)
+            self.recorder.lock.notify_all()
         await updater.start_work()
         kind = self.kind
         if kind in ("echo", "secret"):
@@ -108,7 +121,7 @@ class Agent(AgentExecutor):
             await updater.failed(self._said("it broke", task_id, context_id))
         elif kind == "ask":
             await updater.requires_input(self._said("which one?", task_id, context_id))
-        elif kind == "slow":
+        elif kind in ("slow", "late"):
             stop = self.stops.setdefault(task_id, asyncio.Event())
             try:
                 await asyncio.wait_for(stop.wait(), SLOW_S)
@@ -123,6 +136,7 @@ class Agent(AgentExecutor):
         task_id = context.task_id or ""
         with self.recorder.lock:
             self.recorder.cancelled.append(task_id)
+            self.recorder.lock.notify_all()
         self.stops.setdefault(task_id, asyncio.Event()).set()
         updater = TaskUpdater(event_queue, task_id, context.context_id or "")
         await updater.cancel()

@@ -75,26 +75,27 @@ class Run:
             **({"loop": LoopConfig(**loop)} if loop else {}),
         )
         self.events: list[Any] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.runtime = Runtime.start(self.config, model=ScriptedModel(delegate()))
         self.runtime.subscribe(self._seen)
 
     def _seen(self, event: Any) -> None:
         with self.lock:
             self.events.append(event)
+            self.lock.notify_all()
 
     def finished(self) -> SubagentFinished:
         """The parent's SubagentFinished (told once its result is stored)."""
-        import time
+        with self.lock:
+            found: list[SubagentFinished] = []
 
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            with self.lock:
-                found = [e for e in self.events if isinstance(e, SubagentFinished)]
-            if found:
-                return found[0]
-            time.sleep(0.01)
-        raise AssertionError("no SubagentFinished")
+            def seen() -> bool:
+                found[:] = [e for e in self.events if isinstance(e, SubagentFinished)]
+                return bool(found)
+
+            if not self.lock.wait_for(seen, WAIT):
+                raise AssertionError("no SubagentFinished")
+            return found[0]
 
     def of(self, kind: type) -> list[Any]:
         with self.lock:
@@ -286,6 +287,28 @@ def test_cancelling_the_parent_cancels_the_remote_task(
     assert remote_rows(r.config.home) == []
 
 
+def test_a_cancel_before_the_remote_gave_its_task_id_still_cancels_the_task(
+    agents: A2aAgents, run: Callable[..., Run]
+) -> None:
+    # The late agent answers SendMessage a second after its task started: the cancel comes
+    # while the send is under way. The send is let finish, and the task it names cancelled.
+    r = run(agents.url("late"))
+    before = len(agents.recorder.started)
+    done = threading.Event()
+
+    def turn() -> None:
+        r.runtime.run_turn("mm", "go", timeout=WAIT)
+        done.set()
+
+    threading.Thread(target=turn, daemon=True).start()
+    task_id = _next_started(agents, before)  # started, its id not yet sent back
+    assert r.runtime.cancel("mm") == ("mm", "sub-mm-1")
+    assert done.wait(WAIT)
+    agents.recorder.wait_cancelled(task_id)
+    r.stop()
+    assert remote_rows(r.config.home) == []
+
+
 def test_child_timeout_cancels_the_remote_task(agents: A2aAgents, run: Callable[..., Run]) -> None:
     before = len(agents.recorder.started)
     r = run(agents.url("slow"), loop={"child_timeout_s": 3.0})
@@ -298,15 +321,7 @@ def test_child_timeout_cancels_the_remote_task(agents: A2aAgents, run: Callable[
 
 
 def _next_started(agents: A2aAgents, before: int) -> str:
-    import time
-
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        with agents.recorder.lock:
-            if len(agents.recorder.started) > before:
-                return agents.recorder.started[before]
-        time.sleep(0.01)
-    raise AssertionError("the slow agent got no task")
+    return agents.recorder.wait_started(WAIT, after=before)
 
 
 def _wait_row(r: Run, task_id: str) -> None:

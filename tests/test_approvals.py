@@ -32,6 +32,7 @@ from approval_kit import (
 )
 
 from actors import ToolContext, port_tool
+from actors.stores.open import open_store
 from actors.testing import calls, reply
 from messages import (
     ApprovalRefused,
@@ -84,6 +85,26 @@ def test_a_declined_call_answers_the_denial_and_a_second_decision_is_refused(
     events.wait(ended())
     tools = {m.tool_call_id: m for m in rt_history(rt, "s") if m.role == "tool"}
     assert tools[1].content == "Denied: a person declined this call: not on a Friday."
+    assert ran == []
+
+
+def test_a_decision_on_a_call_the_store_no_longer_has_waiting_is_refused_and_nothing_runs(
+    loopd_runtime,
+) -> None:
+    # The runtime's table says call 1 waits; the store's row is gone, as another process's
+    # decision and result on a shared store would leave it. Nothing may be settled or run.
+    ran.clear()
+    rt = loopd_runtime(deploy_script, tools=[deploy, status])
+    events = Events(rt)
+    rt.send_turn("s", "ship it")
+    request = events.wait(requested())
+    with open_store(rt.config) as store:
+        store.drop_approvals("s", [1])
+    refused = rt.approve("s", 1)
+    assert isinstance(refused, ApprovalRefused), refused
+    assert "no waiting call to decide" in refused.detail
+    assert rt.pending_approvals() == (request,)  # this turn still waits: only a timeout ends it
+    assert not any(isinstance(e, ApprovalSettled) for e in events.seen)
     assert ran == []
 
 

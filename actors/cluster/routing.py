@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import re
+
+from messages.ids import family_root
 
 __all__ = ["family_root", "shard_of"]
-
-_CHILD = re.compile(r"sub-(.+)-[0-9]+", re.ASCII)
-
-
-def family_root(session: str) -> str:
-    """The top-level id of ``session``'s family: ``sub-<parent>-<n>`` unwrapped to the root.
-
-    ``sub-sub-mm-thread-1-2`` is ``mm-thread``'s grandchild, so its root is ``mm-thread``. Any
-    other id is its own root.
-    """
-    while (match := _CHILD.fullmatch(session)) is not None:
-        session = match[1]
-    return session
 
 
 def shard_of(session: str, shards: int) -> int:

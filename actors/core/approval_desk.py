@@ -401,9 +401,12 @@ class ApprovalDesk:
             return []
         session, call_id = msg.session, msg.call_id
         if msg.error:
-            self.book.add(pending.waiting.entry, live=pending.waiting.live)
             detail = f"the decision on call {call_id} of session {session} was not stored: "
             refused = ApprovalRefused(session, call_id, detail + msg.error)
+            if msg.not_waiting and not pending.waiting.live:
+                # Listed at the start, but no longer this runtime's to decide: forget it.
+                return self._reply(pending.reply_to, refused)
+            self.book.add(pending.waiting.entry, live=pending.waiting.live)
             return [self._arm(pending.waiting.entry), *self._reply(pending.reply_to, refused)]
         effects: Effects = [Emit(pending.settled), *self._reply(pending.reply_to, pending.settled)]
         decision = pending.decision

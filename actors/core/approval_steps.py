@@ -171,7 +171,14 @@ def waits_here(turn: Turn, call: ToolCall, route: Route) -> bool:
     """Whether ``call``, answered here (``route``: the ``clock``, directly or through
     ``call_tool``), is held for a person instead: its tool needs one (``[approvals] tools =
     ["clock"]``, ``["*"]``), or a resumed turn carries out or holds again its decision. Only
-    the clock: a denial is never held, and ``final_answer`` is the turn's answer."""
+    the clock: a denial is never held, and ``final_answer`` is the turn's answer.
+
+    Any call a person declined is answered here too, with the decline, whatever its route says
+    now: a resumed turn's MCP server may still be starting, or its tool be gone, and the
+    decision told stands."""
+    declined = turn.wait.decided.get(call.id)
+    if declined is not None and not declined.approved:
+        return True
     if not isinstance(route, Answered) or route.denied:
         return False
     name, arguments = call.name, call.as_written

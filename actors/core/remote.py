@@ -10,7 +10,9 @@ that have passed the bounded decode, and carries out what they say. Nothing here
 - :func:`task_step`: what a task in its state means for the child: keep waiting, completed with
   its artifacts' text, failed with ``<state>: <message>``, or (``INPUT_REQUIRED``) cancelled
   remotely and failed with the remote's question;
-- :func:`parts_text`: parts as text (data parts as JSON text).
+- :func:`parts_text`: parts as text (data parts as JSON text);
+- :func:`remote_context_id`: the ``contextId`` a child's task is sent in, a session id any
+  loopd serving A2A takes as its session.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "on_origin",
     "origin",
     "parts_text",
+    "remote_context_id",
     "remote_reason",
     "remote_task_text",
     "task_step",
@@ -54,6 +57,19 @@ def remote_task_text(child_text: str) -> str:
     <now>.`` line a local child's model gets (the remote keeps its own clock)."""
     head, sep, task = child_text.partition("\n\n")
     return task if sep and head.startswith("It is ") and head.endswith(".") else child_text
+
+
+_CONTEXT_PREFIX = "loopd-"
+_CONTEXT_MAX = 64  # a session id's bytes: a loopd serving A2A takes the contextId as one
+
+
+def remote_context_id(child: str, token: str) -> str:
+    """The A2A ``contextId`` of ``child``'s remote task: ``loopd-<child>-<token>``, the child's
+    id cut so that the whole is at most 64 bytes. A loopd serving A2A takes a contextId as a
+    top-level session id (never a ``sub-`` one, never over 64 bytes): a child's own id, or a
+    long one, would be refused there. ``token`` (a few hex digits) keeps contexts apart."""
+    room = _CONTEXT_MAX - len(_CONTEXT_PREFIX) - 1 - len(token)
+    return f"{_CONTEXT_PREFIX}{child[: max(0, room)]}-{token}"
 
 
 MAX_REASON_CHARS = 2000

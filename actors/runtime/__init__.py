@@ -359,6 +359,12 @@ class Runtime:
             for address in (STORE, PORT):
                 directory.register(address, refs[address])
             a2a.start(refs[STORE])  # and the remote tasks a crash left are cancelled
+            if mcp is not None:  # before the Context, which resumes turns that may call them
+                late = mcp.wait_ready(max(s.timeout_s for s in config.mcp.values()))
+                if late:
+                    log.warning(
+                        "loopd: MCP servers still starting (they join later): %s", ", ".join(late)
+                    )
             # The calls that waited for a person when the last runtime stopped: the Context
             # holds their sessions from its first message on (SPEC 11).
             waiting = refs[STORE].ask(ListApprovals(), timeout=30)
@@ -377,12 +383,6 @@ class Runtime:
                     state_path=config.home_path / STATE_NAME,
                     state_store=shared_schedule(config),
                 )
-            if mcp is not None:
-                late = mcp.wait_ready(max(s.timeout_s for s in config.mcp.values()))
-                if late:
-                    log.warning(
-                        "loopd: MCP servers still starting (they join later): %s", ", ".join(late)
-                    )
         except BaseException:
             a2a.stop()
             if mcp is not None:

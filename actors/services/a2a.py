@@ -28,6 +28,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import ssl
 import threading
 import uuid
 from collections.abc import Iterable, Mapping
@@ -78,7 +79,7 @@ log = logging.getLogger(__name__)
 
 CARD_PATH = "/.well-known/agent-card.json"
 """Where a remote agent's card is read, below its ``a2a_url``."""
-_POLL_FIRST_S = 0.05
+_POLL_FIRST_S = 0.01
 _POLL_MAX_S = 1.0
 _CANCEL_S = 5.0  # the longest a CancelTask (or a row's drop) may take
 
@@ -89,10 +90,15 @@ class RemoteRefused(httpx.TransportError):
 
 class BoundedTransport(httpx.AsyncBaseTransport):
     """An httpx transport that reads each answer whole, at most ``max_bytes``, and passes a
-    JSON answer through :func:`~actors.core.bounded.decode_json` before anyone parses it."""
+    JSON answer through :func:`~actors.core.bounded.decode_json` before anyone parses it.
 
-    def __init__(self, max_bytes: int = MAX_TASK_BYTES) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
+    ``ssl_context``: the TLS settings to use (default: httpx's, made anew, which loads the CA
+    bundle: some 20 ms of CPU; :class:`A2aService` makes one and shares it)."""
+
+    def __init__(
+        self, max_bytes: int = MAX_TASK_BYTES, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self._inner = httpx.AsyncHTTPTransport(verify=ssl_context or True)
         self.max_bytes = max_bytes
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -150,6 +156,7 @@ class _Follow:
     job: asyncio.Task[None] | None = None
     task_id: str = ""
     cancelled: bool = False
+    sending: asyncio.Future[Any] | None = None  # the SendMessage, shielded from a cancel
 
 
 class A2aService:
@@ -173,6 +180,7 @@ class A2aService:
         self.result_cap = result_cap
         self.timeout_s = timeout_s
         self._follows: dict[str, _Follow] = {}
+        self._ssl: ssl.SSLContext | None = None  # made at the first request, then shared
         self._saves: dict[int, asyncio.Future[str]] = {}
         self._ids = itertools.count(1)
         self._loop = asyncio.new_event_loop()
@@ -266,8 +274,12 @@ class A2aService:
         return headers
 
     def _http(self, headers: Mapping[str, str], max_bytes: int) -> httpx.AsyncClient:
+        if self._ssl is None:
+            # Once: loading the CA bundle costs some 20 ms of CPU, twice a call if each client
+            # made its own (httpx's default), as much as the rest of a remote call.
+            self._ssl = httpx.create_ssl_context()
         return httpx.AsyncClient(
-            transport=BoundedTransport(max_bytes),
+            transport=BoundedTransport(max_bytes, self._ssl),
             headers=dict(headers),
             timeout=self.timeout_s,
             follow_redirects=False,
@@ -326,7 +338,7 @@ class A2aService:
                     )
                     ended, cancel = await self._run(follow, client)
                 except asyncio.CancelledError:
-                    await self._cancel_remote(client, follow.task_id, msg.url)
+                    await self._cancel_remote(client, await self._late_id(follow), msg.url)
                     raise
                 if cancel:  # it asked for input: nobody will give it
                     await self._cancel_remote(client, follow.task_id, msg.url)
@@ -357,10 +369,10 @@ class A2aService:
         request = SendMessageRequest(
             message=message, configuration=SendMessageConfiguration(return_immediately=True)
         )
-        first: Any = None
-        async for event in client.send_message(request):
-            first = event
-            break
+        # Shielded: a cancel during the send lets it finish (see _late_id), or the remote
+        # task it starts would run on with nobody to cancel it.
+        follow.sending = asyncio.ensure_future(self._send(client, request))
+        first = await asyncio.shield(follow.sending)
         if first is None or first.HasField("message"):
             # A plain message answers at once: no task to follow.
             parts = MessageToDict(first.message).get("parts") if first is not None else None
@@ -385,6 +397,32 @@ class A2aService:
             task = await client.get_task(GetTaskRequest(id=follow.task_id))
             if task.id != follow.task_id:
                 raise RemoteRefused(f"GetTask {follow.task_id[:80]} answered another task")
+
+    @staticmethod
+    async def _send(client: Any, request: SendMessageRequest) -> Any:
+        """The first answer to ``request`` (the task, or a message), or None."""
+        stream = client.send_message(request)
+        try:
+            async for event in stream:
+                return event
+            return None
+        finally:
+            await stream.aclose()
+
+    @staticmethod
+    async def _late_id(follow: _Follow) -> str:
+        """The remote task's id, for its cancel. A cancel that came while the task was being
+        sent waits for the send's answer (at most a few seconds): the remote may have started
+        the task already, and only that answer names it."""
+        if follow.task_id or follow.sending is None:
+            return follow.task_id
+        try:
+            first = await asyncio.wait_for(follow.sending, _CANCEL_S)
+        except Exception:  # it failed or took too long: no task to name
+            return ""
+        if first is not None and first.HasField("task"):
+            return str(first.task.id)
+        return ""
 
     async def _cancel_remote(self, client: Any, task_id: str, url: str) -> None:
         """``CancelTask`` for ``task_id`` (none: nothing), best effort, at most a few seconds."""

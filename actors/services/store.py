@@ -291,7 +291,7 @@ class StoreActor(pykka.ThreadingActor):
                 self.store.release(message.session)
             return None
         if isinstance(message, ListApprovals):  # asked by Runtime.start, before the Context
-            return self.store.approvals() if self.store is not None else []
+            return self.store.approvals(ours=True) if self.store is not None else []
         if isinstance(message, ListRemoteTasks):  # asked by Runtime.start, before the Context
             return self.store.remote_tasks() if self.store is not None else ()
         if not isinstance(message, _REQUESTS):
@@ -404,6 +404,9 @@ class StoreActor(pykka.ThreadingActor):
 
     def _reply(self, msg: StoreRequest, result: Any) -> Any:
         if isinstance(msg, SettleApproval) and msg.reply_to is not None:
+            if result is False:  # the store has no waiting call to decide: nothing was stored
+                error = "the store holds no waiting call to decide (decided or withdrawn elsewhere)"
+                return ApprovalStored(msg.session, msg.call_id, error, not_waiting=True)
             error = str(result) if isinstance(result, Exception) else ""
             return ApprovalStored(msg.session, msg.call_id, error)
         if isinstance(msg, (*_UNANSWERED, SettleApproval)):

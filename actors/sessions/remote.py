@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from actors.core.config import AgentConfig
-from actors.core.remote import remote_task_text
+from actors.core.remote import remote_context_id, remote_task_text
 from actors.dispatcher import DispatchedActor
 from actors.dispatcher.directory import A2A, CONTEXT, EVENTS, STORE, session_address
 from actors.sessions.session import SessionEnv
@@ -170,7 +170,7 @@ class RemoteSessionActor(DispatchedActor):
             s.agent,
             self.url,
             self.text,
-            f"loopd-{s.id}-{uuid.uuid4().hex[:12]}",
+            remote_context_id(s.id, uuid.uuid4().hex[:12]),
             self.address,
         )
         self.env.directory.tell(A2A, send)

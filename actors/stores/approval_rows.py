@@ -47,6 +47,11 @@ class ApprovalRows:
         decision from outside would go behind its runtime's back (nothing here: one process
         runs a SQLite home, whose lock the CLI takes; PostgreSQL's store overrides it)."""
 
+    def held_elsewhere_in(self, cur: Any, session: str) -> bool:
+        """Whether another live process runs ``session`` or its family now (never, here: one
+        process runs a SQLite home; PostgreSQL's store overrides it)."""
+        return False
+
     def add_approval_in(self, cur: Any, entry: StoredApproval) -> None:
         """Store ``entry``, a call that waits (a second store of the same call keeps the first)."""
         request = entry.request
@@ -112,11 +117,16 @@ class ApprovalRows:
         with self._transaction(session, "drop approvals", write=True) as cur:
             self.drop_approvals_in(cur, session, call_ids)
 
-    def approvals(self) -> list[StoredApproval]:
-        """Every stored approval, decided or not, oldest first."""
+    def approvals(self, *, ours: bool = False) -> list[StoredApproval]:
+        """Every stored approval, decided or not, oldest first. With ``ours``, only those of
+        families no other live process runs (what a start may take up: the others are that
+        process's to decide and carry out)."""
         with self._transaction("-", "list approvals", write=False) as cur:
             rows = cur.execute(self.dialect.q.approvals).fetchall()
-        return list(_entries(rows))
+            entries = list(_entries(rows))
+            if ours:
+                entries = [e for e in entries if not self.held_elsewhere_in(cur, e.request.session)]
+        return entries
 
 
 def _entries(rows: Sequence[Any]) -> Iterator[StoredApproval]:

@@ -173,8 +173,9 @@ class StoreBackend(Protocol):
         """Keep what a family has spent with ``session``'s rows for ``call_ids`` that wait."""
         ...
 
-    def approvals(self) -> list[StoredApproval]:
-        """Every stored approval, oldest first."""
+    def approvals(self, *, ours: bool = False) -> list[StoredApproval]:
+        """Every stored approval, oldest first; with ``ours``, only those of families no other
+        live process runs."""
         ...
 
     def interrupted(self) -> list[SessionRecord]:

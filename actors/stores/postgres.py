@@ -48,8 +48,10 @@ from actors.stores.outbox_rows import OUTBOX_TABLE, OutboxRows
 from actors.stores.remote_rows import remote_table
 from actors.stores.sql import Dialect, SqlSessionStore, now
 from messages.background import BackgroundRow
+from messages.ids import family_root
 
 __all__ = [
+    "HOLDER_LEASE_S",
     "PG",
     "PG_SCHEMA_VERSION",
     "PgMemory",
@@ -70,6 +72,14 @@ sessions run the ``default`` agent. Version 2 had no ``loopd_background`` and no
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run on the server before it fails (``statement_timeout``)."""
+
+_SERVER_KEEPALIVES = (
+    "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+)
+
+HOLDER_LEASE_S = 25
+"""How long the server keeps a vanished holder's connection (and its locks): 10 s idle, then
+three unanswered probes 5 s apart. A holder that was killed closes its socket: at once."""
 
 _SCHEMA_LOCK = 0x6C6F6F7064  # "loopd": one migration at a time across processes
 
@@ -201,8 +211,10 @@ class PgSessionStore(SqlSessionStore, OutboxRows):
                 autocommit=True,  # each method states its own BEGIN and COMMIT
                 connect_timeout=max(1, round(self.connect_timeout_s)),
                 # A server that hangs fails the statement instead of the turn waiting forever;
-                # every statement of loopd's is short.
-                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                # every statement of loopd's is short. The server's keepalives on this
+                # connection are its lease: a holder whose machine vanished loses its
+                # connection, and with it its sessions' locks, within HOLDER_LEASE_S.
+                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS} {_SERVER_KEEPALIVES}",
                 # Keepalives: a server that vanished without closing the socket is noticed.
                 keepalives=1,
                 keepalives_idle=5,
@@ -276,11 +288,20 @@ class PgSessionStore(SqlSessionStore, OutboxRows):
         self._locked.add(id)
 
     def refuse_if_run_elsewhere(self, cur: Any, session: str) -> None:
-        """Raise :class:`SessionHeldElsewhere` if another connection holds ``session``'s
-        advisory lock (a process runs it now). It only looks: two decisions from outside do
-        not lock each other out (the row's update decides between them)."""
-        if self._held_elsewhere(cur, session):
+        """Raise :class:`SessionHeldElsewhere` if another connection holds the advisory lock
+        of ``session`` or of its family's top-level session (a process runs the family now: a
+        child's own lock goes with its actor, its root's stays while the family runs). It
+        only looks: two decisions from outside do not lock each other out (the row's update
+        decides between them)."""
+        if self.held_elsewhere_in(cur, session):
             raise SessionHeldElsewhere(session)
+
+    def held_elsewhere_in(self, cur: Any, session: str) -> bool:
+        """Whether another connection holds the lock of ``session`` or of its family's root."""
+        root = family_root(session)
+        return self._held_elsewhere(cur, session) or (
+            root != session and self._held_elsewhere(cur, root)
+        )
 
     def _held_elsewhere(self, cur: Any, session: str) -> bool:
         key = lock_key(session) & 0xFFFFFFFFFFFFFFFF  # as pg_locks shows a bigint key
@@ -299,8 +320,8 @@ class PgSessionStore(SqlSessionStore, OutboxRows):
         return tuple(
             row
             for row in super().load_background_in(cur)
-            if not self._held_elsewhere(cur, row.child)
-            and not self._held_elsewhere(cur, row.parent)
+            if not self.held_elsewhere_in(cur, row.child)
+            and not self.held_elsewhere_in(cur, row.parent)
         )
 
     def release(self, id: str) -> None:

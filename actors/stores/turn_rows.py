@@ -37,14 +37,20 @@ class TurnRows:
     def _record(self, cur: Any, id: str) -> SessionRecord:
         raise NotImplementedError  # SqlSessionStore's
 
+    def held_elsewhere_in(self, cur: Any, session: str) -> bool:
+        raise NotImplementedError  # ApprovalRows's (PostgreSQL's: the session or its root)
+
     def interrupted(self) -> list[SessionRecord]:
         """Every session stored with a running turn that this process may take over, in id
-        order (a parent before its children). On a shared store a session another live
-        process holds is left out: its turn still runs there."""
+        order (a parent before its children). On a shared store a session whose family
+        another live process runs is left out (its own lock or its top-level session's): its
+        turn still runs there (a child's record is stored running before its actor opens it)."""
         with self._transaction("*", "read the running turns", write=True) as cur:
             ids = [row[0] for row in cur.execute(self.dialect.q.interrupted).fetchall()]
             records = []
             for id in ids:
+                if self.held_elsewhere_in(cur, id):
+                    continue
                 try:
                     self._hold(cur, id)
                 except StoreError as exc:

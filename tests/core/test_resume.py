@@ -10,9 +10,11 @@ from actors.core.dispatch import Registry
 from actors.core.limits import Limits
 from actors.core.session_state import SessionState
 from actors.core.turn import Turn
-from actors.core.turn_effects import Effect, Emit, Finish, Persist, RequestModel
+from actors.core.turn_effects import CallPort, Effect, Emit, Finish, Persist, RequestModel
 from messages import (
+    ApprovalDecision,
     Baseline,
+    CallDecision,
     ChatMessage,
     FailReason,
     ModelAnswer,
@@ -96,3 +98,26 @@ def test_a_call_whose_child_still_waits_stays_open_until_its_answer() -> None:
     done = SubagentCompleted("mm-thread", 2, "sub-mm-thread-2", "deployed", False)
     saved = one(turn.subagent_result(done), Persist)
     assert saved.messages[0].content == "sub-mm-thread-2 completed\ndeployed"
+
+
+def test_a_declined_call_is_answered_declined_whatever_its_route_says_now() -> None:
+    # The decline was told before a crash; after it, the call's tool is gone from the registry
+    # (an MCP server still starting looks the same): the decision told stands, nothing runs.
+    state = SessionState("mm-thread", Baseline("system", REGISTRY.specs()), 0, [])
+    state.transcript += [
+        ChatMessage(role="user", content="go"),
+        ChatMessage(role="assistant", tool_calls=(ToolCall(1, "fx__deploy", "{}"),)),
+    ]
+    state.next_call_id = 2
+    turn = new_turn(state)
+    effects = turn.resume(Resume(decisions=(ApprovalDecision(1, False, "not now"),)))
+    assert only(effects, CallPort) == []
+    saved = one(effects, Persist)
+    assert saved.messages == (
+        ChatMessage(
+            role="tool",
+            content="Denied: a person declined this call: not now.",
+            tool_call_id=1,
+            decision=CallDecision(approved=False, reason="not now"),
+        ),
+    )

@@ -8,8 +8,9 @@ was told (the k-th model answer, tool result, decision, child's end, turn start 
 request: the driver prints each journal line once it is durable). Then ``killloop_driver.py
 settle`` starts on the same home, decides what waits for a person, waits until every family is
 idle and stops. Then the store, the two journals and the side-effect log are checked
-(``killloop_check``). The seed of every iteration derives from the loop's seed, so a failing
-iteration is repeated by its one-line repro (the kill instant still depends on timing).
+(``killloop_check``), and no MCP server a driver started may outlive it. The seed of every
+iteration derives from the loop's seed, so a failing iteration is repeated by its one-line
+repro (the kill instant still depends on timing).
 
 ``--postgres`` (or :func:`run` given a :class:`Postgres`) runs the same loop on a PostgreSQL store
 (``LOOPD_KILLLOOP_STORE_URL`` in the drivers' environment) and adds three faults, each in about
@@ -22,6 +23,7 @@ machine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -49,6 +51,9 @@ from killloop_check import (  # noqa: E402
 )
 
 DRIVER = HERE / "killloop_driver.py"
+MCP_SERVER = HERE / "effects_mcp.py"
+ORPHAN_WAIT_S = 5.0
+"""How long an MCP server may take to end after its driver did (its stdin closed)."""
 CHOSEN = (
     "event ModelAnswered",
     "event ToolCallFinished",
@@ -87,6 +92,10 @@ class Tally:
     told: Counter[str] = field(default_factory=Counter)
     untold_ends: int = 0
     """Turns whose end was stored with their outcome just before the kill, not yet told."""
+    mcp: Counter[str] = field(default_factory=Counter)
+    """MCP calls: run in the killed runs, results told, calls the kill cut off."""
+    orphans: list[tuple[int, str]] = field(default_factory=list)
+    """(iteration, command line) of each MCP server found running after its driver ended."""
 
     def by_guarantee(self) -> dict[str, tuple[int, int]]:
         """guarantee -> (iterations that broke it, cases)."""
@@ -150,6 +159,42 @@ class Process:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
         self.reader.join(timeout=30)
+
+
+def mcp_servers_of(effects: Path) -> dict[int, str]:
+    """The loop's MCP servers still running (pid -> command line): those writing to
+    ``effects``. Read from /proc; a process that ends meanwhile is skipped."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if str(MCP_SERVER) in words and str(effects) in words:
+            try:  # a zombie has ended: its parent has not reaped it yet
+                if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                    continue
+            except OSError:
+                continue
+            found[int(proc.name)] = " ".join(words)
+    return found
+
+
+def orphans_after(effects: Path) -> dict[int, str]:
+    """The loop's MCP servers still running :data:`ORPHAN_WAIT_S` after every driver ended
+    (each has had that long to see its stdin close); each is killed once found."""
+    deadline = time.monotonic() + ORPHAN_WAIT_S
+    left = mcp_servers_of(effects)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = mcp_servers_of(effects)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def run(
@@ -239,6 +284,10 @@ def run(
         if probe is not None:
             found += check_probe(probe)
         tally.untold_ends += len(view.untold_ends)
+        tally.mcp.update(view.mcp)
+        for command in orphans_after(effects).values():
+            tally.orphans.append((i, command))
+            print(f"iteration {i}: an MCP server outlived its driver: {command}", file=out)
         tally.iterations += 1
         for v in found:
             tally.violations.append((i, work_seed, v))
@@ -267,6 +316,13 @@ def report(tally: Tally, seed: int, elapsed: float, postgres: bool = False) -> s
     rows.append(
         f"turns whose end was stored with their outcome just before the kill, never told "
         f"ended (the start finds nothing running): {tally.untold_ends}"
+    )
+    rows.append(
+        f"MCP calls: {tally.mcp['ran']} ran in the killed runs, {tally.mcp['told finished']} "
+        f"results told, {tally.mcp['cut off']} cut off by the kill and answered interrupted "
+        f"({tally.mcp['cut off after it ran']} after the server ran them, "
+        f"{tally.mcp['cut off, approved']} approved by a person); MCP servers left running "
+        f"after their driver ended: {len(tally.orphans)}"
     )
     if tally.violations:
         i, _work_seed, v = tally.violations[0]
@@ -302,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         tally = run(args.iterations, seed, root)
     print(report(tally, seed, time.monotonic() - started, postgres=args.postgres))
     print(f"home, journals and logs kept in {root}")
-    return 1 if tally.violations else 0
+    return 1 if tally.violations or tally.orphans else 0
 
 
 def restart_of(server: Any) -> Callable[[], None]:

@@ -7,6 +7,11 @@ home, or the PostgreSQL database of a url); the side-effect log is the fourth. O
 a fifth may come: the journal of a second process (``probe``) that started while the killed run
 still held its sessions. A broken guarantee is a :class:`Violation` with its guarantee's name,
 so a run can count them per guarantee.
+
+The side-effect log has two kinds of line: a port tool's names the session and call id it ran
+for; an MCP tool's (``fx__effect``, ``fx__deploy``: effects_mcp.py) names the ``key`` the model
+passed in the call's arguments, since the server knows neither. A call is matched to its key
+through the arguments the store holds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from messages import DenyReason, denial_message
 
 INTERRUPTED = denial_message(DenyReason.INTERRUPTED)
 DECLINED_PREFIX = "Denied: a person declined this call:"
+MCP_PREFIX = "fx__"
+"""The kill loop's MCP tools: ``fx__effect`` and ``fx__deploy``."""
 
 GUARANTEES = (
     "nothing told is lost",
@@ -33,6 +40,7 @@ GUARANTEES = (
     "transcripts valid",
     "waiters answered",
     "one runner per family",
+    "budgets counted",
 )
 
 
@@ -80,6 +88,8 @@ class StoreView:
             self.running = {record.id for record in store.interrupted()}
         self.untold_ends: list[str] = []
         """Sessions whose turn's end was stored but not told before the kill."""
+        self.mcp: Counter[str] = Counter()
+        """What the iteration did with MCP calls, for the loop's figures (not violations)."""
 
     def _open(self) -> SqlSessionStore:
         if self._url is not None:
@@ -97,6 +107,25 @@ class StoreView:
                 with self._open() as store:
                     self._histories[session] = store.history(session)
         return self._histories[session]
+
+    def call_of(self, session: str, call_id: int) -> tuple[str, str] | None:
+        """The stored call ``call_id`` of ``session``: its tool's name and its arguments."""
+        for stored in self.history(session):
+            for call in stored.message.tool_calls:
+                if call.id == call_id:
+                    return call.name, call.arguments
+        return None
+
+    def mcp_key(self, session: str, call_id: int) -> str | None:
+        """The key an MCP call of the loop's server passed (its effect line names it)."""
+        call = self.call_of(session, call_id)
+        if call is None or not call[0].startswith(MCP_PREFIX):
+            return None
+        try:
+            key = json.loads(call[1]).get("key")
+        except (ValueError, AttributeError):
+            return None
+        return key if isinstance(key, str) else None
 
     def result_of(self, session: str, call_id: int) -> str | None:
         for stored in self.history(session):
@@ -135,6 +164,16 @@ def check_iteration(
         ]
         if not stored:
             bad(lost, e["session"], f"ModelAnswered step {e['step']} told, answer not stored")
+        elif not any(_usage(m.usage) == _usage(e.get("usage")) for m in stored):
+            # The tokens told with an answer are stored with it: what a resumed turn's budget
+            # counts from.
+            told = _usage(e.get("usage"))
+            kept = [_usage(m.usage) for m in stored]
+            bad(
+                "budgets counted",
+                e["session"],
+                f"ModelAnswered step {e['step']} told usage {told}, stored {kept}",
+            )
 
     # A result told is stored, and is the result told (not the interrupted denial).
     completed_children = {
@@ -189,16 +228,39 @@ def check_iteration(
             if not answered:
                 bad(lost, line["session"], f"TurnCompleted told, answer {line['content']!r} lost")
 
-    # At most once: a side effect per call, and none for a declined call.
-    ran = Counter((e["session"], e["call_id"]) for e in effects)
+    # At most once: a side effect per call (a port call's by its session and call id, an MCP
+    # call's by its key), none for a declined call, and none in the settling run for a call
+    # answered that it was cut off.
+    ran = Counter((e["session"], e["call_id"]) for e in effects if "key" not in e)
+    ran_mcp = Counter(e["key"] for e in effects if "key" in e)
     for (session, call_id), n in ran.items():
         if n > 1:
             bad("at most once", session, f"call {call_id} ran {n} times")
+    for key, n in ran_mcp.items():
+        if n > 1:
+            bad("at most once", key.partition(":")[0], f"MCP call with key {key} ran {n} times")
+
+    def effects_of(session: str, call_id: int) -> list[dict[str, Any]]:
+        key = view.mcp_key(session, call_id)
+        if key is not None:
+            return [e for e in effects if e.get("key") == key]
+        return [e for e in effects if e.get("session") == session and e.get("call_id") == call_id]
+
     for line in work + settle:
         if line["kind"] == "decision" and line["tag"] == "ApprovalSettled":
             d = line["decision"]
-            if not d["approved"] and ran[(d["session"], d["call_id"])]:
+            if not d["approved"] and effects_of(d["session"], d["call_id"]):
                 bad("at most once", d["session"], f"call {d['call_id']} declined, and it ran")
+    settle_runs = {line["run"] for line in settle}
+    for e in events(work, "ToolCallStarted"):
+        if e["name"] not in ("effect", "deploy") and not e["name"].startswith(MCP_PREFIX):
+            continue
+        if view.result_of(e["session"], e["call_id"]) != INTERRUPTED:
+            continue
+        if any(x["run"] in settle_runs for x in effects_of(e["session"], e["call_id"])):
+            detail = f"call {e['call_id']} ({e['name']}) answered cut off, and it ran again"
+            bad("at most once", e["session"], detail)
+    _count_mcp(work, effects, view)
 
     # Every turn started is ended: by the run itself, or at the next start.
     open_turns: dict[str, int] = defaultdict(int)
@@ -270,6 +332,32 @@ def check_iteration(
     return found
 
 
+def _count_mcp(work: list[dict[str, Any]], effects: list[dict[str, Any]], view: StoreView) -> None:
+    """The iteration's MCP figures, in ``view.mcp``: calls that ran in the killed run, results
+    told, calls the kill cut off (stored as the interrupted denial; some after the server ran
+    them, some approved by a person first)."""
+    runs = {line["run"] for line in work}
+    view.mcp["ran"] += sum(1 for e in effects if "key" in e and e["run"] in runs)
+    told = [e for e in events(work, "ToolCallFinished") if e["name"].startswith(MCP_PREFIX)]
+    view.mcp["told finished"] += len(told)
+    approved = {
+        (e["session"], e["call_id"]) for e in events(work, "ApprovalSettled") if e["approved"]
+    } | {
+        (line["decision"]["session"], line["decision"]["call_id"])
+        for line in work
+        if line["kind"] == "decision" and line["tag"] == "ApprovalSettled"
+        if line["decision"]["approved"]
+    }
+    keys = {e["key"] for e in effects if "key" in e}
+    for e in events(work, "ToolCallStarted"):
+        key = view.mcp_key(e["session"], e["call_id"])
+        if key is None or view.result_of(e["session"], e["call_id"]) != INTERRUPTED:
+            continue
+        view.mcp["cut off"] += 1
+        view.mcp["cut off after it ran"] += key in keys
+        view.mcp["cut off, approved"] += (e["session"], e["call_id"]) in approved
+
+
 def check_probe(probe: list[dict[str, Any]]) -> list[Violation]:
     """A second process that started and stopped while the killed run held every session of
     its families: it ran no turn, ended none, decided no call and answered every turn it was
@@ -297,6 +385,19 @@ def check_probe(probe: list[dict[str, Any]]) -> list[Violation]:
     elif sum(1 for line in probe if line["kind"] == "outcome") != 3:
         found.append(Violation("waiters answered", "-", "a turn of the second process unanswered"))
     return found
+
+
+def _usage(usage: Any) -> tuple[int, int, int]:
+    """Prompt tokens, completion tokens and requests of a usage (a Usage, its JSON, or None)."""
+    if usage is None:
+        return (0, 0, 0)
+    if isinstance(usage, dict):
+        return (
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+            usage.get("requests", 0),
+        )
+    return (usage.prompt_tokens, usage.completion_tokens, usage.requests)
 
 
 def _same_json(a: str | None, b: str) -> bool:

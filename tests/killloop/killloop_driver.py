@@ -8,8 +8,10 @@ it is told.
 ``work`` runs turns on a few top-level sessions, back to back, with a scripted model drawn from a
 generator seeded with SEED: plain answers, parallel calls of a side-effecting port tool
 (``effect``), a call that waits for a person (``deploy``, decided by a decider thread after a
-random moment, sometimes approved, sometimes declined), children and grandchildren, background
-children, a typed session that answers through ``final_answer``, and compaction. ``settle``
+random moment, sometimes approved, sometimes declined), the same two as MCP tools of a stdio
+server (``fx__effect``, ``fx__deploy``: effects_mcp.py, which the runtime starts and ends),
+children and grandchildren, background children, a typed session that answers through
+``final_answer``, and compaction. ``settle``
 starts on the same home and does no new work: it decides what still waits for a person, waits
 until every family is idle and every background report is delivered, then stops cleanly.
 ``probe`` is a second process on a shared store while a ``work`` run still holds its sessions:
@@ -23,7 +25,9 @@ Everything the process is told is written to JOURNAL (one JSON line, ``os.write`
 ``O_APPEND`` file, then ``fdatasync``) *before* anything acts on it: every turn event a
 subscriber gets, every outcome a caller gets, every decision ``approve``/``deny`` returns. Then
 the line's kind is printed to stdout, so the harness can kill right after a chosen event. The
-side-effecting tools write to EFFECTS before they return. A SIGKILL can come at any instant.
+side-effecting tools write to EFFECTS before they return: a port tool's line names the
+session and call id, an MCP tool's the ``key`` the model passed (unique to the call; the server
+knows neither). A SIGKILL can come at any instant.
 
 This is a helper script, not a test module. It stops by itself after MAX_SECONDS (default 60).
 """
@@ -51,10 +55,11 @@ from actors import (
     port_tool,
 )
 from actors.core.config_tables import ApprovalsConfig, LoopConfig, StoreConfig
+from actors.core.mcp_config import McpServerConfig
 from actors.core.turn import COMPACT_INSTRUCTION
 from actors.stores.sqlite import SessionStore
 from actors.testing import ScriptedModel, calls, reply
-from actors.testing.script import Answer
+from actors.testing.script import Answer, with_usage
 from messages import (
     ApprovalRequested,
     ModelRequest,
@@ -82,6 +87,8 @@ STALL_S = 30.0
 PROBE_S = 3.0
 """How long a probe waits for the answers of its turns and decisions."""
 STORE_URL_ENV = "LOOPD_KILLLOOP_STORE_URL"
+MCP_SERVER = Path(__file__).resolve().parent / "effects_mcp.py"
+"""The MCP server ``fx``: ``fx__effect`` and ``fx__deploy`` (which waits for a person)."""
 
 
 class Journal:
@@ -146,16 +153,37 @@ def steps_this_turn(request: ModelRequest) -> int:
 
 
 def make_script(rng: random.Random, settle: bool):
-    """The model: a function of each request, drawing its choices from ``rng``."""
+    """The model: a function of each request, drawing its choices from ``rng``. About half of
+    the side-effecting calls go to the MCP server instead of the port (each with a key unique
+    to the call: the session, the answer's 40-bit token and the call's place in the answer)."""
     lock = threading.Lock()
 
     def script(request: ModelRequest) -> Answer:
+        # Every answer reports its tokens, different from answer to answer, so the checker
+        # can tell that the usage told with an answer is the usage stored with it.
+        prompt = sum(len(m.content or "") for m in request.messages) // 4 + 1
+        return with_usage(answer(request), prompt, 1 + len(request.messages) % 17)
+
+    def answer(request: ModelRequest) -> Answer:
         with lock:
             roll, token, n = rng.random(), rng.getrandbits(40), rng.randint(1, 3)
+            mix = rng.getrandbits(4)  # bit i: the answer's i-th side effect goes to MCP
             think = rng.uniform(0, THINK_S)
         time.sleep(think)  # the model's think time, inside the process that gets killed
         session = request.session
         last = request.messages[-1]
+
+        def effect(i: int) -> tuple[str, dict[str, Any]]:
+            if mix >> i & 1:
+                return ("fx__effect", {"key": f"{session}:{token:010x}:{i}"})
+            return ("effect", {"i": i})
+
+        def deploy(i: int) -> tuple[str, dict[str, Any]]:
+            what = f"v{token % 100}"
+            if mix >> i & 1:
+                return ("fx__deploy", {"key": f"{session}:{token:010x}:{i}", "what": what})
+            return ("deploy", {"what": what})
+
         if last.role == "user" and last.content == COMPACT_INSTRUCTION:
             return reply(f"{session} so far: turns, calls and children.")
         typed = session == TYPED
@@ -163,7 +191,7 @@ def make_script(rng: random.Random, settle: bool):
         if typed:
             if done or roll < 0.5:
                 return calls(("final_answer", {"n": token}))
-            return calls(*[("effect", {"i": i}) for i in range(n)])
+            return calls(*[effect(i) for i in range(n)])
         level = session.count("sub-")
         if done or (last.role == "tool" and roll < 0.5):
             return reply(f"{session} answer {token:010x}")
@@ -171,18 +199,20 @@ def make_script(rng: random.Random, settle: bool):
             if roll < 0.15:
                 return reply(f"{session} answer {token:010x}")
             if roll < 0.40:
-                return calls(*[("effect", {"i": i}) for i in range(n)])
+                return calls(*[effect(i) for i in range(n)])
             if roll < 0.55:
-                return calls(("deploy", {"what": f"v{token % 100}"}), ("effect", {"i": 0}))
+                return calls(deploy(0), effect(1))
             if roll < 0.75:
                 return calls(*[("subagent", {"task": f"part {i}"}) for i in range(n)])
             if roll < 0.90:
                 return calls(("subagent", {"task": "in the background", "background": True}))
-            return calls(("effect", {"i": 0}), ("subagent", {"task": "one part"}))
+            return calls(effect(0), ("subagent", {"task": "one part"}))
         if level == 1 and roll < 0.2:
             return calls(("subagent", {"task": "a smaller part"}))
+        if roll < 0.45:
+            return calls(effect(0))
         if roll < 0.5:
-            return calls(("effect", {"i": 0}))
+            return calls(("fx__deploy", {"key": f"{session}:{token:010x}:0", "what": "part"}))
         return reply(f"{session} done {token:010x}")
 
     return script
@@ -302,8 +332,15 @@ def main(argv: list[str]) -> int:
         store=StoreConfig(url=url),
         compact=CompactConfig(threshold_chars=2_500),
         subagents=SubagentsConfig(background=True, max_background=4),
-        approvals=ApprovalsConfig(tools=("deploy",)),
+        approvals=ApprovalsConfig(tools=("deploy", "fx__deploy")),
         loop=LoopConfig(max_steps=MAX_STEPS + 2),
+        # Started and ended by the runtime; it ends by itself when its stdin closes, so a
+        # SIGKILL of this process leaves no server behind.
+        mcp={
+            "fx": McpServerConfig(
+                command=(sys.executable, str(MCP_SERVER), effects_path, run), timeout_s=30
+            )
+        },
     )
     requests: queue.Queue[Any] = queue.Queue()
 

@@ -27,3 +27,4 @@ def test_every_guarantee_holds_after_every_kill(tmp_path: Path) -> None:
     print("\n" + summary)
     assert tally.iterations == ITERATIONS
     assert not tally.violations, summary
+    assert not tally.orphans, summary  # no MCP server outlives its driver

@@ -313,7 +313,8 @@ def test_a_message_queued_while_a_request_runs_in_place_still_reaches_the_stores
             released.append(id)
             super().release(id)
 
-        def approvals(self) -> Any:  # answered on the store's thread: what it had released
+        # Answered on the store's thread: what it had released.
+        def approvals(self, *, ours: bool = False) -> Any:
             return list(released)
 
     def open_recording() -> StoreBackend:
