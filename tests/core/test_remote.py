@@ -227,3 +227,12 @@ def test_a_task_s_words_must_be_valid_unicode() -> None:
 def test_a_task_of_several_paragraphs_is_sent_whole() -> None:
     text = "It is Sunday 6 December 2026, 02:00 UTC.\n\nDeploy it.\n\nThen report."
     assert remote_task_text(text) == "Deploy it.\n\nThen report."
+
+
+def test_a_remote_context_id_names_the_child_within_64_bytes() -> None:
+    from actors.core.remote import remote_context_id
+
+    assert remote_context_id("sub-p-3", "a1b2") == "loopd-sub-p-3-a1b2"
+    long = remote_context_id("sub-" + "p" * 60 + "-3", "a1b2")
+    assert len(long) == 64 and long.startswith("loopd-sub-ppp") and long.endswith("-a1b2")
+    assert remote_context_id("sub-p-3", "f" * 80) == "loopd--" + "f" * 80  # no room left
