@@ -313,9 +313,10 @@ class Registry:
 
 def _refusal(exc: OutOfBounds) -> str:
     """The denial detail of arguments the bounded decode refused: a bound broken, or text that
-    is not valid Unicode, is named; text that is simply not JSON is "not a JSON object"."""
+    is not valid Unicode (a lone surrogate: arguments are text, never bytes), is named; text
+    that is simply not JSON is "not a JSON object"."""
     detail = exc.detail
-    named = "surrogate" in detail or "UTF-8" in detail
+    named = "surrogate" in detail
     return _NOT_AN_OBJECT if detail.startswith("not valid JSON: ") and not named else detail
 
 

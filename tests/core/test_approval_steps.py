@@ -170,7 +170,10 @@ def test_arguments_the_tools_schema_refuses_are_denied_and_nobody_is_asked() -> 
     effects = answered(turn, ("deploy", "{}"))
     assert not only(effects, AskApproval) and not only(effects, CallPort)
     saved = one(effects, Persist)
-    assert saved.messages[0].content == "Denied: the arguments are not valid for this tool: env is required."
+    assert (
+        saved.messages[0].content
+        == "Denied: the arguments are not valid for this tool: env is required."
+    )
     assert turn.wait.held == {} and turn.wait.asked == []
     assert not events(effects, ToolCallFinished)  # told once its result is stored (SPEC 18)
     finished = events(stored_results(turn, effects), ToolCallFinished)
@@ -320,6 +323,32 @@ def test_a_call_the_context_denies_at_once_answers_its_denial_and_nothing_is_for
     assert turn.approval_decided(ApprovalDecision(1, False, denial=denial)) == []
 
 
+def test_a_call_denied_at_once_is_told_denied_and_a_second_denial_changes_nothing() -> None:
+    turn = new_turn(("subagent",))
+    effects = answered(turn, ("subagent", '{"task": "t"}'), ("subagent", '{"task": "u"}'))
+    assert len(only(effects, AskApproval)) == 2
+    denial = "Denied: a limit of this runtime was reached: loop.max_children_total."
+    saved = one(turn.approval_decided(ApprovalDecision(1, False, denial=denial)), Persist)
+    finished = events(turn.persisted(saved.request_id), ToolCallFinished)
+    assert [(f.call_id, f.name, f.denied) for f in finished] == [(1, "subagent", True)]
+    assert turn.approval_decided(ApprovalDecision(1, False, denial=denial)) == []  # 2 waits
+    assert turn.wait.held.keys() == {2}
+
+
+def test_an_untrusted_result_of_a_held_call_is_stored_untrusted() -> None:
+    turn = new_turn()
+    held(turn, ("deploy", "{}"))
+    turn.approval_decided(ApprovalDecision(1, True))
+    saved = one(turn.tool_result(ToolResult(1, "from the web", untrusted=True)), Persist)
+    assert saved.messages[0].untrusted is True
+
+
+def test_listing_call_tool_holds_the_clock_reached_through_it() -> None:
+    turn = new_turn(("call_tool",))
+    effects = answered(turn, ("call_tool", '{"name": "clock", "arguments": {}}'))
+    assert one(effects, AskApproval).approval.request.tool == "call_tool"
+
+
 # Ends: a cancel, a stop, a park.
 
 
@@ -374,13 +403,20 @@ def test_a_park_stores_the_results_not_stored_yet() -> None:
     assert turn.park() is None  # its write is in flight
     turn = new_turn(("deploy",))
     held(turn, ("deploy", "{}"))
-    turn._results[9] = ToolResult(9, "x")  # noqa: SLF001 - a result made up, not stored
-    turn._calls.append(ToolCall(9, "status", "{}"))  # noqa: SLF001
+    turn._results[9] = ToolResult(9, "x")
+    turn._calls.append(ToolCall(9, "status", "{}"))
     parked = turn.park()
     assert parked is not None
     saved = one(parked, Persist)
     assert [m.tool_call_id for m in saved.messages] == [9]
+    assert isinstance(saved.request_id, int) and saved.request_id > 0  # numbered: answered
     assert not only(parked, ForgetApprovals)
+
+
+def test_a_turn_never_parks_while_a_request_is_being_stored() -> None:
+    turn = new_turn(("deploy",))
+    answered(turn, ("deploy", "{}"))
+    assert turn.park() is None  # nothing else in flight, but the request is not stored yet
 
 
 def test_nothing_held_never_parks() -> None:
@@ -467,6 +503,10 @@ def test_open_calls_are_those_of_the_last_answer_without_a_result() -> None:
     assert open_calls(ended) == ([], 2)
     assert open_calls([]) == ([], 0)
     assert open_calls([ChatMessage(role="assistant", content="hi")]) == ([], 0)
+    hello = ChatMessage(role="assistant", content="hello")
+    go = ChatMessage(role="user", content="go")
+    asked = ChatMessage(role="assistant", tool_calls=(ToolCall(1, "clock", "{}"),))
+    assert open_calls([hello, go, asked]) == ([ToolCall(1, "clock", "{}")], 1)
 
 
 def test_a_resumed_turn_carries_out_decisions_holds_waits_and_answers_the_rest() -> None:
@@ -505,8 +545,38 @@ def test_a_resumed_call_nobody_waits_for_is_answered_interrupted() -> None:
         (2, "Denied: the turn ended before this call returned a result.")
     ]
     assert saved.messages[0].decision is None
+    assert not only(effects, CallPort)  # the interrupted call is not run again
     stored_results(turn, effects)
     assert turn.wait.held == {1: [CallPort(1, "deploy", "{}")]}
+
+
+def test_a_resumed_open_clock_or_child_call_nobody_asked_about_is_answered() -> None:
+    state = cut_off(1, 2)  # the clock's call 3 has no result
+    state.transcript += [ChatMessage(role="user", content="next")]
+    state.transcript += [
+        ChatMessage(
+            role="assistant",
+            tool_calls=(ToolCall(4, "clock", "{}"), ToolCall(5, "subagent", '{"task": "t"}')),
+        )
+    ]
+    state.slot = 3
+    turn = new_turn(state=state)
+    effects = turn.resume(Resume())
+    assert [e.slot for e in events(effects, TurnStarted)] == [3]
+    saved = one(effects, Persist)
+    assert [(m.tool_call_id, m.content) for m in saved.messages] == [
+        (4, "Denied: the turn ended before this call returned a result."),
+        (5, "sub-s-5 failed"),
+    ]
+
+
+def test_a_resumed_clock_call_a_person_decided_is_carried_out_without_a_policy() -> None:
+    turn = new_turn((), state=cut_off(1, 2))
+    effects = turn.resume(Resume(decisions=(ApprovalDecision(3, True),)))
+    assert one(effects, Persist).messages[0].content == CLOCK_TEXT
+    turn = new_turn((), state=cut_off(1, 2))
+    effects = turn.resume(Resume(decisions=(ApprovalDecision(3, False, "no"),)))
+    assert one(effects, Persist).messages[0].content == "Denied: a person declined this call: no."
 
 
 def test_requests_whose_calls_have_results_are_dropped_as_stale() -> None:
@@ -532,6 +602,12 @@ def test_a_resume_with_nothing_open_asks_or_ends() -> None:
     effects = turn.persisted(end.request_id)
     assert [e.completed for e in events(effects, TurnEnded)] == [True]
     assert one(effects, Finish).outcome == TurnCompleted("s", "all done")
+    # An answer stored with no text (and no calls) ends the resumed turn with no text.
+    state = cut_off(1, 2, 3)
+    state.transcript.append(ChatMessage(role="assistant", content=""))
+    turn = new_turn(state=state)
+    end = one(turn.resume(Resume()), Persist)
+    assert one(turn.persisted(end.request_id), Finish).outcome == TurnCompleted("s", "")
     empty = SessionState("s", Baseline("system", REGISTRY.specs()), 0, [])
     assert one(new_turn(state=empty).resume(Resume()), RequestModel)
 
@@ -544,5 +620,6 @@ def test_a_resumed_childs_outcome_answers_its_subagent_call() -> None:
     turn = new_turn(state=state)
     done = SubagentCompleted("s", 4, "sub-s-4", "deployed", False)
     effects = turn.resume(Resume(answers=(done,)))
+    assert [e.session for e in events(effects, TurnStarted)] == ["s"]
     saved = one(effects, Persist)
     assert saved.messages[0].content == "sub-s-4 completed\ndeployed"

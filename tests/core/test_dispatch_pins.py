@@ -122,3 +122,26 @@ def test_a_profile_view_lists_and_runs_only_its_allowed_tools() -> None:
     assert denied == Answered(denial_message(DenyReason.UNKNOWN_TOOL, "lookup"), denied=True)
     everything = Registry([ToolSpec("lookup", "a port tool", {})])
     assert dispatch(everything, "lookup", "{}", now) == ToPort("lookup", "{}")
+
+
+def test_an_mcp_call_its_schema_refuses_is_denied_naming_why() -> None:
+    from actors.core.mcp_tools import McpCatalog, McpTool
+
+    catalog = McpCatalog(["files"])
+    spec = ToolSpec("files__rm", "remove", {"type": "object"})
+    catalog.publish("files", [McpTool("files", "rm", spec, lambda _a: "path is required")])
+    route = dispatch(Registry([], catalog), "files__rm", "{}", datetime(2026, 12, 6, tzinfo=UTC))
+    detail = "path is required"
+    assert route == Answered(denial_message(DenyReason.INVALID_ARGUMENTS, detail), denied=True)
+    assert route.text == "Denied: the arguments are not valid for this tool: path is required."
+
+
+def test_arguments_with_a_lone_surrogate_are_named_not_called_not_an_object() -> None:
+    from actors.core.dispatch import parse_json_object
+
+    with pytest.raises(ArgumentError) as raised:
+        parse_json_object('{"a": "\ud800"}')
+    assert "lone surrogate" in raised.value.detail
+    with pytest.raises(ArgumentError) as raised:
+        parse_json_object("{not json")
+    assert raised.value.detail == "arguments must be a JSON object"
