@@ -15,12 +15,7 @@ second runtime started here (``[agents.far] a2a_url``, the service's token in ``
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +29,7 @@ pytest.importorskip("a2a.server")
 import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.types import GetTaskRequest, TaskState
+from serve_process import ServeProcess
 
 from actors import Config, Runtime
 from actors.core.config import AgentConfig
@@ -60,48 +56,17 @@ TOKEN = "l2l-token-7d2a"
 AUTH_ENV = "LOOPD_TEST_L2L_AUTH"
 
 
-class RemoteLoopd:
+class RemoteLoopd(ServeProcess):
     """``loopd serve --listen 127.0.0.1:0`` with ``[a2a] serve = true`` on ``tmp/far-home``,
     its model at ``model_url``, its token ``TOKEN``."""
 
     def __init__(self, tmp: Path, model_url: str) -> None:
-        config = tmp / "far.toml"
-        config.write_text(
+        config = (
             f'home = "{tmp / "far-home"}"\n[model]\nbase_url = "{model_url}"\n'
             '[serve]\ntoken_env = "LOOPD_FAR_TOKEN"\n'
             '[a2a]\nserve = true\nname = "far"\ndescription = "The far loopd"\n'
         )
-        args = ["serve", "--config", str(config), "--listen", "127.0.0.1:0"]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.shells.cli", *args],
-            cwd=tmp,
-            env=dict(os.environ, HOME=str(tmp), LOOPD_FAR_TOKEN=TOKEN),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.url = self._until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
-        self._until("loopd serve: running on")
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line)
-
-    def _until(self, text: str) -> str:
-        deadline = time.monotonic() + WAIT
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"loopd serve never said {text!r}")
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                raise AssertionError(f"loopd serve never said {text!r}") from None
-            if text in line:
-                return line
+        super().__init__(tmp, config, {"LOOPD_FAR_TOKEN": TOKEN}, WAIT, name="far.toml")
 
     def http(self) -> httpx.Client:
         """A client of the service's ``/v1``, with the token."""
@@ -125,16 +90,6 @@ class RemoteLoopd:
                 return str(TaskState.Name(task.status.state))
 
         return asyncio.run(asyncio.wait_for(read(), WAIT))
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not end in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(WAIT)
 
 
 @pytest.fixture

@@ -6,13 +6,6 @@ SIGTERM and a new ``loopd serve`` on the same home, ``GetTask`` answers from the
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +16,7 @@ import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.types import GetTaskRequest, TaskState
 from a2a_kit import collect, task_id_of, user_message
+from serve_process import ServeProcess
 
 from actors.testing import ChatServer, reply
 
@@ -32,51 +26,16 @@ TOKEN = "a2a-daemon-token-5c1e"
 pytestmark = pytest.mark.timeout(120)
 
 
-class Daemon:
+class Daemon(ServeProcess):
     """``loopd serve --listen 127.0.0.1:0`` with ``[a2a] serve = true`` on ``home``."""
 
     def __init__(self, tmp: Path, base_url: str) -> None:
-        config = tmp / "loopd.toml"
-        config.write_text(
+        config = (
             f'home = "{tmp / "home"}"\n[model]\nbase_url = "{base_url}"\nstream = true\n'
             '[serve]\ntoken_env = "LOOPD_A2A_TOKEN"\n'
             '[a2a]\nserve = true\nname = "notes"\ndescription = "Keeps notes"\n'
         )
-        args = ["serve", "--config", str(config), "--listen", "127.0.0.1:0"]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.shells.cli", *args],
-            cwd=tmp,
-            env=dict(os.environ, HOME=str(tmp), LOOPD_A2A_TOKEN=TOKEN),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.url = self.until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
-        self.until("loopd serve: running on")
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line)
-
-    def until(self, text: str) -> str:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            if text in line:
-                return line
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(TIMEOUT_S)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(TIMEOUT_S)
+        super().__init__(tmp, config, {"LOOPD_A2A_TOKEN": TOKEN}, TIMEOUT_S)
 
 
 async def client_of(url: str, http: httpx.AsyncClient, streaming: bool = True):  # type: ignore[no-untyped-def]
