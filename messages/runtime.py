@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from messages.approvals import Resume
+from messages.approvals import Resume, StoredApproval
 from messages.background import BackgroundReport
 from messages.base import Message
 from messages.chat import Baseline, ChatMessage, SlotPool, Usage
@@ -60,6 +60,11 @@ class SessionRecord(Message, frozen=True):
     """The session whose spawn created this one (a child); None for a top-level session."""
     agent: str = "default"
     """The agent profile (``[agents.NAME]``) the session was created with."""
+    decided: tuple[StoredApproval, ...] = ()
+    """The stored decisions of calls the transcript leaves without a result: a person
+    decided, and the turn stopped before the call's result was stored (a store that failed
+    the write, a crash). The turn that answers them answers each as decided: a declined call
+    with its decline, told already."""
 
 
 class OpenSession(Message, frozen=True):

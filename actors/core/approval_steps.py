@@ -65,6 +65,8 @@ __all__ = [
     "ApprovalWait",
     "call_ordered",
     "carry_out",
+    "cut_off_results",
+    "decision_of",
     "kept",
     "open_calls",
     "park",
@@ -268,32 +270,50 @@ def settled_effects(turn: Turn) -> list[Effect]:
 
 def dropped(turn: Turn, park: bool) -> list[Effect]:
     """The turn ends early (a cancel, a stop): the Context drops the calls that wait, unless
-    the runtime stops (``park``), when they stay stored for the next start; the requests of
-    calls decided already are forgotten (their results are being made up now)."""
+    the runtime stops (``park``), when they stay stored for the next start. The requests of
+    calls decided already go with their results (stored, or being made up now, with the
+    decision): never before, so a write that fails leaves the decision stored."""
     held = tuple(sorted(turn.wait.held))
-    decided = tuple(c for c in turn.wait.asked if c not in turn.wait.held)
-    effects: list[Effect] = [ForgetApprovals(decided)] if decided else []
-    if held and not park:
-        effects.append(DropWaiting(held))
-    return effects
+    return [DropWaiting(held)] if held and not park else []
 
 
 def result_message(turn: Turn, call_id: int) -> ChatMessage:
     """The stored tool message of call ``call_id``'s result: its text, whether it came from an
     untrusted source, and how a person decided the call if it waited (never sent)."""
     result = turn._results[call_id]
-    verdict = turn.wait.verdicts.get(call_id)
-    decision = None
-    if verdict is not None and not verdict.denial:
-        decision = CallDecision(
-            verdict.approved, verdict.note, None if verdict.approved else verdict.reason
-        )
     return ChatMessage(
         role="tool",
         content=result.text,
         tool_call_id=call_id,
         untrusted=result.untrusted,
-        decision=decision,
+        decision=decision_of(turn, call_id),
+    )
+
+
+def decision_of(turn: Turn, call_id: int) -> CallDecision | None:
+    """How a person decided call ``call_id`` of this answer, if it waited for one. Its result
+    carries it, and the store forgets the call's row in the transaction that stores it."""
+    verdict = turn.wait.verdicts.get(call_id)
+    if verdict is None or verdict.denial:
+        return None
+    return CallDecision(
+        verdict.approved, verdict.note, None if verdict.approved else verdict.reason
+    )
+
+
+def cut_off_results(turn: Turn, kept: set[int], now: datetime) -> tuple[ChatMessage, ...]:
+    """The results made up for the calls of a turn cut off while it called (a cancel, a
+    stop): every call without one but those ``kept`` unanswered. The results that arrived are
+    stored already; a call a person decided carries the decision."""
+    return tuple(
+        ChatMessage(
+            role="tool",
+            content=unanswered_text(turn.state, turn.registry, c, now),
+            tool_call_id=c.id,
+            decision=decision_of(turn, c.id),
+        )
+        for c in turn._calls
+        if c.id not in kept and c.id not in turn._stored
     )
 
 
@@ -318,13 +338,12 @@ def park(turn: Turn) -> list[Effect] | None:
         for c in turn._calls
         if c.id in turn._results and c.id not in turn._stored
     )
-    decided = tuple(c for c in turn.wait.asked if c not in held)  # their results go now
+    # The requests of decided calls go with their results (which carry the decision).
     held.clear()
-    forget: list[Effect] = [ForgetApprovals(decided)] if decided else []
     if not results:  # every other result is stored already
-        return forget
+        return []
     turn.state.extend(results)
-    return [Persist(next(turn.ids), results), *forget]
+    return [Persist(next(turn.ids), results)]
 
 
 def call_ordered(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:

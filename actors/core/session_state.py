@@ -15,15 +15,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from actors.core.approvals import declined_text
 from actors.core.dispatch import ArgumentError, Registry, SpawnChild, child_id
 from actors.core.dispatch import dispatch as route_call
 from actors.core.text import cap_chars
 from messages import (
     Baseline,
+    CallDecision,
     ChatMessage,
     DenyReason,
     FailReason,
     SessionRecord,
+    StoredApproval,
     StoreFailed,
     ToolCall,
     denial_message,
@@ -38,6 +41,7 @@ __all__ = [
     "message_chars",
     "repair_results",
     "store_failure_reason",
+    "stored_decision",
     "unanswered_text",
 ]
 
@@ -91,6 +95,9 @@ class SessionState:
     known_messages: int = 0
     context_tokens: int | None = None
     """A slot's context size, once a server's refusal told it (overrides the configured one)."""
+    decided: dict[int, StoredApproval] = field(default_factory=dict)
+    """The stored decisions of calls the transcript leaves without a result, by call id
+    (:attr:`SessionRecord.decided`): a repair answers each as decided."""
     _chars: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +115,7 @@ class SessionState:
             next_call_id=record.next_call_id,
             untrusted=record.untrusted,
             parent=record.parent,
+            decided={d.request.call_id: d for d in record.decided},
         )
 
     def to_record(self) -> SessionRecord:
@@ -166,7 +174,11 @@ class SessionState:
 
 
 def unanswered_text(state: SessionState, registry: Registry, call: ToolCall, now: datetime) -> str:
-    """The result text of a call that will never get its own: ``<child> failed`` for a child."""
+    """The result text of a call that will never get its own: ``<child> failed`` for a child,
+    its decline for a call a person declined (told already: it stands)."""
+    decided = state.decided.get(call.id)
+    if decided is not None and decided.approved is False:
+        return declined_text(decided.reason)
     if isinstance(route_call(registry, call.name, call.as_written, now), SpawnChild):
         with contextlib.suppress(ArgumentError):
             return f"{child_id(state.id, call.id)} failed"
@@ -179,8 +191,10 @@ def repair_results(
     """Results for the calls of the last model answer that have none (a turn cut off).
 
     A transcript whose assistant message has calls without results is not valid for the model
-    API. A child that was in flight answers ``<child> failed``; any other call is denied as
-    interrupted. Nothing is repaired when every call has its result.
+    API. A child that was in flight answers ``<child> failed``; a call a person declined, its
+    decline; any other call is denied as interrupted. A call a person decided carries the
+    decision (the store then forgets its row). Nothing is repaired when every call has its
+    result.
     """
     answered: set[int] = set()
     for message in reversed(state.transcript):
@@ -195,11 +209,21 @@ def repair_results(
         return ()
     results = [
         ChatMessage(
-            role="tool", content=unanswered_text(state, registry, c, now), tool_call_id=c.id
+            role="tool",
+            content=unanswered_text(state, registry, c, now),
+            tool_call_id=c.id,
+            decision=stored_decision(state.decided.get(c.id)),
         )
         for c in calls
     ]
     return tuple(results)
+
+
+def stored_decision(entry: StoredApproval | None) -> CallDecision | None:
+    """The decision of a stored row, as a result message keeps it (None: not decided)."""
+    if entry is None or entry.approved is None:
+        return None
+    return CallDecision(entry.approved, None, None if entry.approved else entry.reason)
 
 
 def fitting_tail(history: list[ChatMessage], budget: int) -> list[ChatMessage]:

@@ -55,7 +55,6 @@ from actors.core.output import Done, FinalAnswer
 from actors.core.session_state import (
     SessionState,
     repair_results,
-    unanswered_text,
 )
 from actors.core.spawn import report_message, spawn_check, subagent_result_text
 from actors.core.text import cap_chars
@@ -227,6 +226,7 @@ class Turn:
         self.state.turns += 1
         # A turn cut off by a crash left calls without results: answer them first.
         repairs = repair_results(self.state, self.registry, self.clock())
+        self.state.decided.clear()  # answered by the repairs
         user = ChatMessage(role="user", content=text, name=speaker)
         self._turn_start = len(self.state.transcript) + len(repairs)
         more = tuple(report_message(r) for r in reports[1:])
@@ -299,8 +299,9 @@ class Turn:
         if self._result_writes.pop(request_id, None) is not None:
             if self.done or self.outcome is not None:
                 return []
-            failed = TurnFailed(self.state.id, reason, detail)
-            return [*self._stop_work(), *self.finish_turn(failed)]
+            failed = TurnFailed(self.state.id, reason, detail)  # nobody is asked any more
+            stop = [*self._stop_work(), *approval_steps.dropped(self, False)]
+            return [*stop, *self.finish_turn(failed)]
         if request_id in self.wait.storing:
             return approval_steps.not_stored(self, request_id, detail)
         if request_id != self._waiting_for:
@@ -474,16 +475,7 @@ class Turn:
         kept = approval_steps.kept(self, keep) if park and self.phase is _Phase.CALLING else set()
         effects += approval_steps.dropped(self, park)
         if self.phase is _Phase.CALLING:
-            # Results that arrived are stored already; only the missing ones are made up.
-            repairs = tuple(
-                ChatMessage(
-                    role="tool",
-                    content=unanswered_text(self.state, self.registry, c, now),
-                    tool_call_id=c.id,
-                )
-                for c in self._calls
-                if c.id not in kept and c.id not in self._stored
-            )
+            repairs = approval_steps.cut_off_results(self, kept, now)
         else:
             repairs = repair_results(self.state, self.registry, now)
         if repairs:

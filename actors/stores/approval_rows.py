@@ -7,8 +7,11 @@ what the CLI does on a home no runtime holds) is applied once: the row is update
 is undecided, inside a writing transaction, so of two decisions at once exactly one succeeds; on
 PostgreSQL it is refused while another process runs the session (it holds its advisory lock).
 A decision the runtime carries out is marked ``ran`` first (:meth:`ApprovalRows.mark_ran_in`),
-so a start after a crash never runs its call again. A row goes once its call's result is
-stored (:meth:`ApprovalRows.drop_approvals_in`).
+so a start after a crash never runs its call again. A row goes in the transaction that stores
+its call's result with the decision (:meth:`ApprovalRows.answered_in`), or when the call is
+dropped (:meth:`ApprovalRows.drop_approvals_in`): a decision told is in the transcript or still
+here, never neither. A session read back carries the decisions of its calls still without a
+result (:meth:`ApprovalRows.decided_in`), for the turn that answers them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import msgspec
 
 from actors.stores.dialect import Dialect
-from messages import StoredApproval
+from messages import ChatMessage, StoredApproval
 
 __all__ = ["ApprovalRows"]
 
@@ -111,6 +114,26 @@ class ApprovalRows:
         """Forget ``session``'s rows for ``call_ids`` (answered, or cancelled)."""
         for call_id in call_ids:
             cur.execute(self.dialect.q.drop_approval, (session, call_id))
+
+    def answered_in(self, cur: Any, session: str, messages: Sequence[ChatMessage]) -> None:
+        """Forget the rows of the calls ``messages`` answer as a person decided (the results
+        that carry their ``decision``): the decision is stored with the result now."""
+        for m in messages:
+            if m.decision is not None and m.tool_call_id is not None:
+                cur.execute(self.dialect.q.drop_approval, (session, m.tool_call_id))
+
+    def decided_in(
+        self, cur: Any, session: str, transcript: Sequence[ChatMessage]
+    ) -> tuple[StoredApproval, ...]:
+        """The decided rows of ``session`` whose call ``transcript`` leaves without a result
+        (read only when it ends in calls: one query on the rare record that does)."""
+        if not transcript or transcript[-1].role not in ("assistant", "tool"):
+            return ()
+        if transcript[-1].role == "assistant" and not transcript[-1].tool_calls:
+            return ()
+        answered = {m.tool_call_id for m in transcript if m.role == "tool"}
+        rows = cur.execute(self.dialect.q.decided_of, (session,)).fetchall()
+        return tuple(e for e in _entries(rows) if e.request.call_id not in answered)
 
     def drop_approvals(self, session: str, call_ids: Sequence[int]) -> None:
         """:meth:`drop_approvals_in` in a transaction of its own."""

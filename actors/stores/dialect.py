@@ -242,4 +242,5 @@ class _Statements:
         )
         self.mark_ran = q("UPDATE {t}approvals SET body = ? WHERE session = ? AND call_id = ?")
         self.drop_approval = q("DELETE FROM {t}approvals WHERE session = ? AND call_id = ?")
+        self.decided_of = q("SELECT body FROM {t}approvals WHERE session = ? AND decided")
         self.approvals = q("SELECT body FROM {t}approvals ORDER BY at, session, call_id")

@@ -470,6 +470,7 @@ class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows, A2aTaskRows, Remot
             )
         at = now()
         self._insert_messages(cur, id, messages, at)
+        self.answered_in(cur, id, messages)  # a decision goes from its row to its result
         cur.execute(q.counters, (turns, next_call_id, bool(untrusted), at, id))
         for child in reports:  # delivered with these messages: in this transcript, not stored
             cur.execute(q.drop_background, (child,))
@@ -645,16 +646,18 @@ class SqlSessionStore(BackgroundRows, ApprovalRows, TurnRows, A2aTaskRows, Remot
         key, body, slot, turns, untrusted, next_call_id, parent, agent = row
         baseline = self._baseline(id, key, body)
         live = cur.execute(self.dialect.q.live, (id,)).fetchall()
+        transcript = tuple(self._decode_message(id, seq, b) for seq, b in live)
         return SessionRecord(
             id=id,
             baseline=baseline,
             slot=slot,
-            transcript=tuple(self._decode_message(id, seq, b) for seq, b in live),
+            transcript=transcript,
             turns=turns,
             next_call_id=next_call_id,
             untrusted=bool(untrusted),
             parent=parent,
             agent=agent,
+            decided=self.decided_in(cur, id, transcript),
         )
 
     @staticmethod

@@ -352,15 +352,20 @@ def test_listing_call_tool_holds_the_clock_reached_through_it() -> None:
 # Ends: a cancel, a stop, a park.
 
 
-def test_a_cancel_drops_the_waiting_calls_and_forgets_the_decided_ones() -> None:
+def test_a_cancel_drops_the_waiting_calls_and_the_decided_ones_go_with_their_results() -> None:
     turn = new_turn(("deploy", "status"))
     held(turn, ("deploy", "{}"), ("status", "{}"))
     turn.approval_decided(ApprovalDecision(2, True))  # running now
     effects = turn.cancel(FailReason.CANCELLED, "stop")
-    assert one(effects, ForgetApprovals) == ForgetApprovals((2,))
+    # The decided call's request is not forgotten apart: its made-up result carries the
+    # decision, and the store forgets the request in the write that stores it.
+    assert not only(effects, ForgetApprovals)
     assert one(effects, DropWaiting) == DropWaiting((1,))
-    repairs = [p for p in only(effects, Persist) if p.messages]
-    assert [m.tool_call_id for p in repairs for m in p.messages] == [1, 2]
+    repairs = [m for p in only(effects, Persist) for m in p.messages]
+    assert [(m.tool_call_id, m.decision) for m in repairs] == [
+        (1, None),
+        (2, CallDecision(True)),
+    ]
     assert events(effects, TurnEnded)[0].reason is FailReason.CANCELLED
 
 
@@ -390,8 +395,9 @@ def test_a_turn_parks_only_once_every_other_call_has_its_result() -> None:
     assert turn.park() is None  # call 2 runs
     saved = one(turn.tool_result(ToolResult(2, "green")), Persist)
     turn.persisted(saved.request_id)
+    assert saved.messages[0].decision == CallDecision(True)  # its request goes with it
     parked = turn.park()
-    assert parked == [ForgetApprovals((2,))]  # results stored already; 1 stays waiting
+    assert parked == []  # results stored already; 1 stays waiting
     assert turn.done and turn.wait.held == {}
     assert turn.cancel(FailReason.CANCELLED, "late") == []
 

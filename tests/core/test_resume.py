@@ -121,3 +121,50 @@ def test_a_declined_call_is_answered_declined_whatever_its_route_says_now() -> N
             decision=CallDecision(approved=False, reason="not now"),
         ),
     )
+
+
+def test_a_new_turn_answers_a_cut_off_call_as_its_stored_decision_says() -> None:
+    # The turn stopped after a person decided, before the result was stored (the store failed
+    # the write): the record read back carries the decisions, and the next turn's repair
+    # answers each as decided, carrying the decision (the store then forgets its row).
+    from messages import ApprovalRequested, SessionRecord, StoredApproval
+
+    calls = (ToolCall(1, "lookup", "{}"), ToolCall(2, "lookup", "{}"), ToolCall(3, "lookup", "{}"))
+
+    def row(call_id: int, approved: bool, reason: str = "") -> StoredApproval:
+        request = ApprovalRequested("mm-thread", call_id, "lookup", "{}", at=NOW)
+        return StoredApproval(request, NOW, approved=approved, reason=reason)
+
+    record = SessionRecord(
+        "mm-thread",
+        Baseline("system", REGISTRY.specs()),
+        0,
+        (ChatMessage(role="user", content="go"), ChatMessage(role="assistant", tool_calls=calls)),
+        1,
+        4,
+        False,
+        decided=(row(1, False, "not now"), row(2, True)),
+    )
+    turn = new_turn(SessionState.from_record(record))
+    saved = one(turn.start("and now?"), Persist)
+    assert saved.messages[:3] == (
+        ChatMessage(
+            role="tool",
+            content="Denied: a person declined this call: not now.",
+            tool_call_id=1,
+            decision=CallDecision(False, None, "not now"),
+        ),
+        ChatMessage(
+            role="tool",
+            content="Denied: the turn ended before this call returned a result.",
+            tool_call_id=2,
+            decision=CallDecision(True),
+        ),
+        ChatMessage(
+            role="tool",
+            content="Denied: the turn ended before this call returned a result.",
+            tool_call_id=3,
+        ),
+    )
+    assert saved.messages[3] == ChatMessage(role="user", content="and now?")
+    assert turn.state.decided == {}  # answered: a later repair does not see them again

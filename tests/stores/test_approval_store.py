@@ -114,6 +114,51 @@ def test_only_a_decided_row_is_marked_carried_out(opener: Any) -> None:
         assert not store.settle_approval("s", 2, False)  # carried out: no second decision
 
 
+def test_a_decision_goes_from_its_row_to_its_result_in_one_write(opener: Any) -> None:
+    from messages import Baseline, CallDecision, ChatMessage, ToolCall
+
+    calls = ChatMessage(
+        role="assistant", tool_calls=(ToolCall(1, "deploy", "{}"), ToolCall(2, "deploy", "{}"))
+    )
+    with opener() as store:
+        store.create("s", Baseline(system="You help."), 0)
+        store.append(
+            "s",
+            (ChatMessage(role="user", content="go"), calls),
+            turns=1,
+            next_call_id=3,
+            untrusted=False,
+        )
+        for call_id in (1, 2):
+            store.run_batch(
+                [("s", lambda cur, c=call_id: store.add_approval_in(cur, entry("s", c)))]
+            )
+        assert store.settle_approval("s", 1, False, "not now")
+        assert store.settle_approval("s", 2, True)
+    with opener() as store:
+        # Read back before any result: the decisions of the open calls come with the record.
+        decided = store.open("s").decided
+        assert [(d.request.call_id, d.approved, d.reason) for d in decided] == [
+            (1, False, "not now"),
+            (2, True, ""),
+        ]
+        declined = ChatMessage(
+            role="tool",
+            content="Denied: a person declined this call: not now.",
+            tool_call_id=1,
+            decision=CallDecision(False, None, "not now"),
+        )
+        store.append("s", (declined,), turns=1, next_call_id=3, untrusted=False)
+        assert [e.request.call_id for e in store.approvals()] == [2]  # 1 went with its result
+        assert [d.request.call_id for d in store.open("s").decided] == [2]
+        plain = ChatMessage(role="tool", content="deployed", tool_call_id=2)
+        store.append(
+            "s", (plain,), turns=1, next_call_id=3, untrusted=False
+        )  # no decision: the row stays
+        assert [e.request.call_id for e in store.approvals()] == [2]
+        assert store.open("s").decided == ()  # every call has its result
+
+
 def test_a_decision_from_outside_is_refused_while_another_process_runs_the_session(
     opener: Any,
 ) -> None:
