@@ -201,7 +201,11 @@ def report(modules: list[str], sample: bool, show: bool, fail_under: float | Non
             print("  " + name)
             if show:
                 diff = subprocess.run(
-                    [shutil.which("mutmut") or "mutmut", "show", name],
+                    [
+                        shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut")),
+                        "show",
+                        name,
+                    ],
                     cwd=ROOT,
                     capture_output=True,
                     text=True,

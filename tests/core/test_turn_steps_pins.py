@@ -226,6 +226,18 @@ def test_a_cancels_repair_write_is_numbered_like_any_other() -> None:
     assert writes[-1].running is False
 
 
+def test_a_cancel_while_an_answers_calls_are_being_stored_answers_them_interrupted() -> None:
+    # Cut off before dispatch: even the clock, answered at once otherwise, is interrupted.
+    turn = new_turn()
+    request = one(saved(turn, turn.start("go")), RequestModel)
+    in_flight = turn.model_answer(reply(request, None, ("clock", "{}"), ("lookup", "{}")))
+    assert only(in_flight, Persist)  # the answer's write is not answered yet
+    effects = turn.cancel(FailReason.CANCELLED, "stop")
+    repairs = [m for p in only(effects, Persist) for m in p.messages]
+    interrupted = "Denied: the turn ended before this call returned a result."
+    assert [(m.tool_call_id, m.content) for m in repairs] == [(1, interrupted), (2, interrupted)]
+
+
 def test_a_cancel_while_compacting_after_the_outcome_keeps_the_outcome() -> None:
     turn = new_turn(context=1000)
     request = one(saved(turn, turn.start("hi")), RequestModel)
