@@ -14,13 +14,17 @@ MUTANTS_WORKERS (default 2). mutmut copies the tree into ./mutants and runs the 
 tests' subprocesses import from that copy too (PYTHONPATH is set to it), so a test that starts
 `loopd` or a driver sees the mutant. The score counts a timeout as killed (the tests noticed)
 and a mutant no selected test reaches as not killed. Mutants listed in
-.ci/mutants-equivalent.txt (one `name  reason` a line) are set aside from the score.
+.ci/mutants-equivalent.txt (one `name fingerprint reason` a line) are set aside from the score
+when they survive. A mutant's name is its number within its function, so a changed function
+renumbers its mutants: the fingerprint (the first 8 hex digits of the SHA-256 of the mutant's
+changed lines) must still match, or the line is reported stale and sets nothing aside.
 mutmut's own output goes to mutants/mutmut.log.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -111,7 +115,7 @@ def run_mutmut(modules: list[str], sample: bool, workers: int) -> None:
     globs = [f"actors.core.{m}.{tail}" for m in modules]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(MUTANTS)  # the tests' subprocesses import the mutated copy
-    mutmut = shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut"))
+    mutmut = mutmut_command()
     log = MUTANTS / "mutmut.log"
     print(f"mutants: mutmut on {len(modules)} module(s), sample={sample}, workers={workers}")
     with log.open("w") as out:
@@ -127,18 +131,58 @@ def run_mutmut(modules: list[str], sample: bool, workers: int) -> None:
         raise SystemExit(f"mutants: mutmut exited {code} (its output: {log})")
 
 
-def load_equivalent() -> dict[str, str]:
-    """The mutants set aside as equivalent: name -> reason."""
-    found: dict[str, str] = {}
+def mutmut_command() -> str:
+    """The mutmut beside this Python (tox's environment), or on the PATH."""
+    return shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut"))
+
+
+def mutant_diff(name: str) -> str:
+    """``mutmut show NAME``: the mutant's diff against the code it mutates."""
+    shown = subprocess.run(
+        [mutmut_command(), "show", name], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return shown.stdout
+
+
+def fingerprint(diff: str) -> str:
+    """The first 8 hex digits of the SHA-256 of a diff's changed lines, stripped."""
+    changed = [
+        line[1:].strip()
+        for line in diff.splitlines()
+        if line[:1] in ("+", "-") and not line.startswith(("+++", "---"))
+    ]
+    return hashlib.sha256("\n".join(changed).encode()).hexdigest()[:8]
+
+
+def load_equivalent() -> dict[str, tuple[str, str]]:
+    """The mutants set aside as equivalent: name -> (fingerprint, reason)."""
+    found: dict[str, tuple[str, str]] = {}
     if not EQUIVALENT.is_file():
         return found
     for line in EQUIVALENT.read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        name, _, reason = line.partition(" ")
-        found[name] = reason.strip()
+        name, _, rest = line.partition(" ")
+        mark, _, reason = rest.partition(" ")
+        found[name] = (mark, reason.strip())
     return found
+
+
+def still_equivalent(names: list[str], equivalent: dict[str, tuple[str, str]]) -> set[str]:
+    """Those of ``names`` (survivors listed as equivalent) whose code is still the one the
+    list's line was written for; the others are printed as stale."""
+    kept: set[str] = set()
+    for name in names:
+        now = fingerprint(mutant_diff(name))
+        if now == equivalent[name][0]:
+            kept.add(name)
+        else:
+            print(
+                f"mutants: stale line in {EQUIVALENT.name}: {name} is now another mutant "
+                f"(fingerprint {now}); it is counted. Check it, then write its line again."
+            )
+    return kept
 
 
 def report(modules: list[str], sample: bool, show: bool, fail_under: float | None) -> int:
@@ -153,13 +197,22 @@ def report(modules: list[str], sample: bool, show: bool, fail_under: float | Non
         if not meta.is_file():
             continue
         codes = json.loads(meta.read_text())["exit_code_by_key"]
+        listed = [
+            n
+            for n, c in codes.items()
+            if n in equivalent
+            and c is not None
+            and c not in KILLED
+            and not (sample and not n.endswith("7"))
+        ]
+        set_aside = still_equivalent(listed, equivalent)
         count: Counter[str] = Counter()
         for name, code in codes.items():
             if sample and not name.endswith("7"):
                 continue
             if code is None:
                 continue  # not run (outside the chosen sample)
-            if name in equivalent:
+            if name in set_aside:
                 count["equivalent"] += 1
             elif code in KILLED:
                 count["killed"] += 1
@@ -200,18 +253,7 @@ def report(modules: list[str], sample: bool, show: bool, fail_under: float | Non
         for name in sorted(survivors):
             print("  " + name)
             if show:
-                diff = subprocess.run(
-                    [
-                        shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut")),
-                        "show",
-                        name,
-                    ],
-                    cwd=ROOT,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                print("    " + diff.stdout.replace("\n", "\n    "))
+                print("    " + mutant_diff(name).replace("\n", "\n    "))
     print(f"\nmutation score: {overall:.1f}% of {counted} mutants killed")
     if low:
         print(f"mutants: under {fail_under}%: {', '.join(low)}")
