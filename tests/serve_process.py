@@ -35,6 +35,7 @@ class ServeProcess:
             text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         self.url = self.until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
         self.until("loopd serve: running on")
@@ -53,8 +54,15 @@ class ServeProcess:
                 line = self.lines.get(timeout=max(0.0, left))
             except queue.Empty:
                 raise AssertionError(f"loopd serve never said {text!r}") from None
+            self.seen.append(line)
             if text in line:
                 return line
+
+    def rest(self) -> str:
+        """Every line of its log seen, and those still queued (read once it has ended)."""
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return "".join(self.seen)
 
     def stop(self) -> int:
         """SIGTERM, then SIGKILL if it does not end within ``wait``; its exit status."""

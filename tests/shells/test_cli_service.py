@@ -9,18 +9,16 @@ import http.server
 import io
 import json
 import os
-import queue
-import signal
 import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from serve_process import ServeProcess
 
 from actors.shells.served import SERVED_NAME, find_served, forget_served, record_served
 from actors.stores.lock import HomeLock
@@ -31,47 +29,18 @@ TIMEOUT_S = 30.0
 TOKEN = "cli-service-token-7d21"
 
 
-class Daemon:
-    """``loopd serve --listen 127.0.0.1:0`` on ``home``, its stderr read by a thread."""
+class Daemon(ServeProcess):
+    """``loopd serve --listen 127.0.0.1:0`` on ``home``, its token in ``LOOPD_TEST_TOKEN``."""
 
     def __init__(self, tmp: Path, home: Path, base_url: str) -> None:
         self.home = home
+        self.tmp = tmp
         self.config = tmp / "loopd.toml"
-        self.config.write_text(
+        config = (
             f'home = "{home}"\n[model]\nbase_url = "{base_url}"\n'
             '[serve]\ntoken_env = "LOOPD_TEST_TOKEN"\n'
         )
-        self.tmp = tmp
-        args = ["serve", "--config", str(self.config), "--listen", "127.0.0.1:0"]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.shells.cli", *args],
-            cwd=tmp,
-            env=dict(os.environ, HOME=str(tmp), LOOPD_TEST_TOKEN=TOKEN),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.url = self.until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
-        self.until("loopd serve: running on")
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line)
-
-    def until(self, text: str) -> str:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            if text in line:
-                return line
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(TIMEOUT_S)
+        super().__init__(tmp, config, {"LOOPD_TEST_TOKEN": TOKEN}, TIMEOUT_S)
 
     def loopd(
         self, *args: str, token: str | None = TOKEN, stdin: str | None = None
@@ -104,9 +73,7 @@ def daemon(tmp_path: Path) -> Iterator[tuple[Daemon, ChatServer]]:
         try:
             yield d, server
         finally:
-            if d.proc.poll() is None:
-                d.proc.kill()
-                d.proc.wait(TIMEOUT_S)
+            d.kill()
 
 
 def test_run_and_sessions_on_a_served_home_go_through_the_service(

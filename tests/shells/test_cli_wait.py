@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from serve_process import ServeProcess
 
 from actors import Config, Runtime, port_tool
 from actors.testing import ChatServer, ScriptedModel, call, reply
@@ -118,36 +116,17 @@ def test_approvals_timeout_needs_wait_and_a_wait_on_no_home_runs_out(tmp_path: P
     assert not (tmp_path / "none").exists()  # a wait creates no home
 
 
-class Daemon:
+class Daemon(ServeProcess):
     """``loopd serve --listen 127.0.0.1:0`` on ``home``, approvals on the built-in remember."""
 
     def __init__(self, tmp: Path, base_url: str) -> None:
         self.tmp = tmp
         self.config = tmp / "loopd.toml"
-        self.config.write_text(
+        config = (
             f'home = "{tmp / "home"}"\n[model]\nbase_url = "{base_url}"\n'
             '[serve]\ntoken_env = "LOOPD_TEST_TOKEN"\n[approvals]\ntools = ["remember"]\n'
         )
-        self.proc = loopd(
-            tmp, "serve", "--config", str(self.config), "--listen", "127.0.0.1:0",
-            env={"LOOPD_TEST_TOKEN": TOKEN},
-        )  # fmt: skip
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.url = self.until("loopd serve: listening on ").rsplit(" ", 1)[1].strip()
-        self.until("loopd serve: running on")
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line)
-
-    def until(self, text: str) -> str:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            if text in line:
-                return line
+        super().__init__(tmp, config, {"LOOPD_TEST_TOKEN": TOKEN}, TIMEOUT_S)
 
     def loopd(self, *args: str) -> subprocess.Popen[str]:
         return loopd(self.tmp, *args, "--config", str(self.config), env={"LOOPD_TEST_TOKEN": TOKEN})
@@ -179,13 +158,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         try:
             yield d
         finally:
-            if d.proc.poll() is None:
-                d.proc.send_signal(signal.SIGTERM)
-                try:
-                    d.proc.wait(TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    d.proc.kill()
-                    d.proc.wait(TIMEOUT_S)
+            d.stop()
 
 
 @pytest.mark.timeout(120)
