@@ -83,9 +83,13 @@ def test_a_spent_budget_fails_the_turn_and_its_running_children(
     # The first refusal names the total when it was made: 110 if one child's next request
     # reached the Context before the other child's report, 160 if after. Both are over 100.
     assert re.search(r"spent (110|160) tokens", outcome.detail), outcome.detail
-    # The parent's request and each child's first: both went out below the budget, at 60.
-    # Every request after them was refused without being sent.
-    assert len(server.requests) == 3
+    # The parent's request went out at 0, and each child's first while the family stood at
+    # 60, below the budget. On a busy machine one child's answer (110) can be counted before
+    # the other child asks at all: that request is refused unsent. Every request after those
+    # was refused without being sent.
+    sent = len(server.requests)
+    assert sent in (2, 3), sent
+    spent = 60 + 50 * (sent - 1)
     # Each child's event is told by the parent once it has stored the answer, or as a call
     # that failed once the parent's turn is over: it may come after the outcome.
     assert both.wait(WAIT)
@@ -94,12 +98,12 @@ def test_a_spent_budget_fails_the_turn_and_its_running_children(
         ("sub-mm-1", FailReason.BUDGET),
         ("sub-mm-2", FailReason.BUDGET),
     }
-    assert outcome.usage.prompt_tokens + outcome.usage.completion_tokens == 160
+    assert outcome.usage.prompt_tokens + outcome.usage.completion_tokens == spent
     # The budget is per top-level turn: the next one starts afresh.
     assert rt.run_turn("mm", "again", timeout=WAIT) == TurnCompleted(
         "mm", "fresh", usage=Usage(prompt_tokens=9, completion_tokens=1, requests=1)
     )
-    assert len(server.requests) == 4
+    assert len(server.requests) == sent + 1
 
 
 def test_without_usage_a_budget_never_stops_a_turn(loopd_runtime) -> None:
