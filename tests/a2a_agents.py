@@ -12,7 +12,8 @@ One server on a free port of 127.0.0.1 serves each agent under its own prefix (i
 - ``data`` completes with a data part ``{"n": 3, "ok": true}``;
 - ``secret`` is ``echo`` behind a required header ``X-Key: sekret`` (401 without it);
 - ``hostile`` serves whatever ``HOSTILE`` holds as raw bytes: a card at ``/hostile/card`` and
-  a JSON-RPC answer at ``/hostile/rpc`` (a plain HTTP server: no SDK in it).
+  a JSON-RPC answer at ``/hostile/rpc`` (a plain HTTP server: no SDK in it), or drips, floods
+  or never answers there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from a2a.types import (
 )
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 SLOW_S = 60.0
@@ -160,11 +161,45 @@ def card(base: str, name: str) -> AgentCard:
 
 
 class Hostile:
-    """What the hostile prefix serves: raw bytes for its card and for every JSON-RPC call."""
+    """What the hostile prefix serves: raw bytes for its card and for every JSON-RPC call, or
+    a peer's misbehaviour for either (``card_peer``, ``rpc_peer``): ``"drip"`` (a JSON answer
+    one byte every 0.2 s, never ending), ``"flood"`` (50 MB of it, as fast as it goes, with no
+    length) or ``"never"`` (no answer at all, until the caller goes)."""
 
     def __init__(self) -> None:
         self.card: bytes = b"{}"
         self.rpc: bytes = b"{}"
+        self.card_peer: str | None = None
+        self.rpc_peer: str | None = None
+
+
+FLOOD_BYTES = 50 * 1024 * 1024
+"""How much a flooding peer sends."""
+
+
+async def misbehave(request: Request, peer: str) -> Response:
+    """The answer of a peer that drips, floods or never answers."""
+    if peer == "never":
+        deadline = time.monotonic() + SLOW_S
+        while time.monotonic() < deadline and not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+        return Response(b"{}", media_type="application/json")
+
+    async def drip() -> Any:
+        yield b'{"jsonrpc": "2.0", "result": "'
+        while True:
+            await asyncio.sleep(0.2)
+            yield b"x"
+
+    async def flood() -> Any:
+        chunk = b" " * (1024 * 1024)
+        yield b'{"jsonrpc": "2.0", "result": "'
+        for _ in range(FLOOD_BYTES // len(chunk)):
+            yield chunk
+        yield b'"}'
+
+    body = drip() if peer == "drip" else flood()
+    return StreamingResponse(body, media_type="application/json")
 
 
 def free_port() -> int:
@@ -230,9 +265,13 @@ class A2aAgents:
         return guarded
 
     async def _card(self, request: Request) -> Response:
+        if self.hostile.card_peer is not None:
+            return await misbehave(request, self.hostile.card_peer)
         return Response(self.hostile.card, media_type="application/json")
 
     async def _rpc(self, request: Request) -> Response:
+        if self.hostile.rpc_peer is not None:
+            return await misbehave(request, self.hostile.rpc_peer)
         body = await request.json()
         raw = self.hostile.rpc.replace(b'"$ID"', json.dumps(body.get("id")).encode())
         return Response(raw, media_type="application/json")

@@ -89,19 +89,35 @@ class RemoteRefused(httpx.TransportError):
 
 
 class BoundedTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that reads each answer whole, at most ``max_bytes``, and passes a
-    JSON answer through :func:`~actors.core.bounded.decode_json` before anyone parses it.
+    """An httpx transport that reads each answer whole, at most ``max_bytes`` within
+    ``deadline_s`` seconds, and passes a JSON answer through
+    :func:`~actors.core.bounded.decode_json` before anyone parses it.
 
-    ``ssl_context``: the TLS settings to use (default: httpx's, made anew, which loads the CA
-    bundle: some 20 ms of CPU; :class:`A2aService` makes one and shares it)."""
+    The deadline is for the whole answer: httpx's own timeout is between reads, which a peer
+    that sends a byte now and then never meets. ``ssl_context``: the TLS settings to use
+    (default: httpx's, made anew, which loads the CA bundle: some 20 ms of CPU;
+    :class:`A2aService` makes one and shares it)."""
 
     def __init__(
-        self, max_bytes: int = MAX_TASK_BYTES, ssl_context: ssl.SSLContext | None = None
+        self,
+        max_bytes: int = MAX_TASK_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
+        deadline_s: float = 30.0,
     ) -> None:
         self._inner = httpx.AsyncHTTPTransport(verify=ssl_context or True)
         self.max_bytes = max_bytes
+        self.deadline_s = deadline_s
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await self._bounded(request)
+        except TimeoutError:
+            raise httpx.ReadTimeout(
+                f"no whole answer within {self.deadline_s:g} s", request=request
+            ) from None
+
+    async def _bounded(self, request: httpx.Request) -> httpx.Response:
         response = await self._inner.handle_async_request(request)
         try:
             encoding = response.headers.get("content-encoding", "identity").lower()
@@ -279,7 +295,7 @@ class A2aService:
             # made its own (httpx's default), as much as the rest of a remote call.
             self._ssl = httpx.create_ssl_context()
         return httpx.AsyncClient(
-            transport=BoundedTransport(max_bytes, self._ssl),
+            transport=BoundedTransport(max_bytes, self._ssl, self.timeout_s),
             headers=dict(headers),
             timeout=self.timeout_s,
             follow_redirects=False,

@@ -139,6 +139,50 @@ def test_a_hostile_artifact_fails_the_child_naming_the_bound(
     assert bound in ended.detail, ended.detail
 
 
+PEER_TIMEOUT_S = 1.0
+
+
+@pytest.fixture
+def impatient(agents: A2aAgents) -> Iterator[tuple[A2aService, Directory]]:
+    """A service whose requests may take ``PEER_TIMEOUT_S`` each."""
+    directory = Directory()
+    directory.register(STORE, Inbox(directory))
+    agent = AgentConfig(a2a_url=agents.url("hostile"))
+    svc = A2aService({"h": agent}, directory, result_cap=CAP, timeout_s=PEER_TIMEOUT_S)
+    svc.start()
+    directory.register(A2A, svc)
+    yield svc, directory
+    svc.stop()
+
+
+@pytest.mark.parametrize(
+    ("where", "peer", "said"),
+    [
+        ("card", "drip", "did not answer in time"),
+        ("card", "never", "did not answer in time"),
+        ("card", "flood", "over 1,048,576 bytes"),
+        ("rpc", "drip", "did not answer in time"),
+        ("rpc", "never", "did not answer in time"),
+        ("rpc", "flood", "over 8,388,608 bytes"),
+    ],
+)
+def test_a_peer_that_drips_floods_or_never_answers_fails_the_child(
+    agents: A2aAgents, impatient: tuple[A2aService, Directory], where: str, peer: str, said: str
+) -> None:
+    # A drip sends a byte every 0.2 s, under any timeout between reads: only a deadline for
+    # the whole answer ends it. A flood has no length: the door stops reading at its bound.
+    agents.hostile.card = agents.hostile_card()
+    agents.hostile.card_peer = peer if where == "card" else None
+    agents.hostile.rpc_peer = peer if where == "rpc" else None
+    try:
+        ended = ask(impatient, agents)
+    finally:
+        agents.hostile.card_peer = agents.hostile.rpc_peer = None
+    assert not ended.completed
+    assert ended.detail.startswith(f"remote agent {agents.url('hostile')}: ")
+    assert said in ended.detail, ended.detail
+
+
 def test_a_long_artifact_is_capped(
     agents: A2aAgents, service: tuple[A2aService, Directory]
 ) -> None:

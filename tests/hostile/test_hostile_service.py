@@ -5,6 +5,7 @@ And a ``token_env`` holding only spaces is refused at start."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,3 +121,32 @@ def test_a_token_with_whitespace_at_an_end_is_refused_at_start(tmp_path: Path) -
         service_settings(config, "127.0.0.1:0", environ={"LOOPD_T": " tok-9f3"})
     settings = service_settings(config, "127.0.0.1:0", environ={"LOOPD_T": "tok 9f3"})
     assert settings is not None and settings.token == "tok 9f3"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_body_that_drips_is_answered_408_and_the_service_lives(
+    client: httpx.Client, route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.shells.service import app
+
+    monkeypatch.setattr(app, "BODY_DEADLINE_S", 1.0)
+    host, port = str(client.base_url.host), int(client.base_url.port or 80)
+    with socket.create_connection((host, port), timeout=WAIT) as sock:
+        head = (
+            f"POST {route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        sock.settimeout(0.2)
+        answer = b""
+        for _ in range(int(WAIT / 0.2)):  # a byte every 0.2 s, until an answer comes
+            try:
+                answer = sock.recv(4096)
+                break
+            except TimeoutError:
+                sock.sendall(b" ")
+    status = answer.split(b"\r\n", 1)[0]
+    assert status.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"did not arrive within 1 s" in answer, answer[:300]
+    alive(client)

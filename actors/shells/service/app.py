@@ -152,10 +152,23 @@ class ServiceState:
         return answer
 
 
-async def _body(request: Request, cap: int) -> bytes:
-    """The request body, at most ``cap`` bytes (413 past that, before reading it all).
+BODY_DEADLINE_S = 30.0
+"""Seconds a request body may take to arrive whole: a client that drips one holds its
+connection, never the loop, and is answered 408 past this."""
 
-    Read from the ASGI ``receive`` itself, not ``request.stream()``: its async generator and
+
+async def _body(request: Request, cap: int) -> bytes:
+    """The request body, at most ``cap`` bytes (413 past that, before reading it all), whole
+    within :data:`BODY_DEADLINE_S` (408 past that)."""
+    try:
+        async with asyncio.timeout(BODY_DEADLINE_S):
+            return await _read_body(request, cap)
+    except TimeoutError:
+        raise _Refused(408, f"the body did not arrive within {BODY_DEADLINE_S:g} s") from None
+
+
+async def _read_body(request: Request, cap: int) -> bytes:
+    """Read from the ASGI ``receive`` itself, not ``request.stream()``: its async generator and
     the copy of the headers that ``request.headers`` makes were a good part of a turn's
     handler."""
     length = _header(request.scope, b"content-length")
