@@ -167,15 +167,17 @@ def impatient(agents: A2aAgents) -> Iterator[tuple[A2aService, Directory]]:
     ],
 )
 def test_a_peer_that_drips_floods_or_never_answers_fails_the_child(
-    agents: A2aAgents, impatient: tuple[A2aService, Directory], where: str, peer: str, said: str
+    agents: A2aAgents, request: pytest.FixtureRequest, where: str, peer: str, said: str
 ) -> None:
     # A drip sends a byte every 0.2 s, under any timeout between reads: only a deadline for
-    # the whole answer ends it. A flood has no length: the door stops reading at its bound.
+    # the whole answer ends it (a service of 1 s). A flood has no length: the door stops
+    # reading at its bound (on the usual 30 s, so a busy machine reads its 8 MiB in time).
+    svc = request.getfixturevalue("service" if peer == "flood" else "impatient")
     agents.hostile.card = agents.hostile_card()
     agents.hostile.card_peer = peer if where == "card" else None
     agents.hostile.rpc_peer = peer if where == "rpc" else None
     try:
-        ended = ask(impatient, agents)
+        ended = ask(svc, agents)
     finally:
         agents.hostile.card_peer = agents.hostile.rpc_peer = None
     assert not ended.completed
